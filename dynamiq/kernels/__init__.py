@@ -1,0 +1,1 @@
+"""Compute backends. ``numba`` is the CPU reference and CPU execution path."""

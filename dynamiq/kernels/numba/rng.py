@@ -1,0 +1,42 @@
+"""Numba twin of :mod:`dynamiq.rng` (bit-identical)."""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from dynamiq.rng import GOLDEN, MASK32
+
+_HI_MUL = np.uint64(0x85EBCA77)
+_M1 = np.uint64(0x85EBCA6B)
+_M2 = np.uint64(0xC2B2AE35)
+_MASK = np.uint64(MASK32)
+_GOLD = np.uint64(GOLDEN)
+
+
+@nb.njit(inline="always", cache=True)
+def fmix32(h):
+    h = np.uint64(h) & _MASK
+    h ^= h >> np.uint64(16)
+    h = (h * _M1) & _MASK
+    h ^= h >> np.uint64(13)
+    h = (h * _M2) & _MASK
+    h ^= h >> np.uint64(16)
+    return h
+
+
+@nb.njit(inline="always", cache=True)
+def hash_u32(k0, k1, index):
+    """uint32 hash (held in a uint64) of ``index`` under key ``(k0, k1)``."""
+    idx = np.uint64(index)
+    lo = idx & _MASK
+    hi = idx >> np.uint64(32)
+    h = fmix32((lo * _GOLD + np.uint64(k0)) & _MASK)
+    return fmix32(h ^ np.uint64(k1) ^ ((hi * _HI_MUL) & _MASK))
+
+
+@nb.njit(inline="always", cache=True)
+def uniform(k0, k1, index):
+    """float32 in [0, 1) with 24 random bits."""
+    h = hash_u32(k0, k1, index)
+    return np.float32(h >> np.uint64(8)) * np.float32(5.9604644775390625e-08)

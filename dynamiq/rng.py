@@ -1,0 +1,88 @@
+"""Counter-based random numbers shared by every backend.
+
+A random number is a pure function of ``(key, element index)``; the key is derived on the host
+from ``(seed, stream...)`` (stream values name the step, rank, purpose, ...). No state is carried
+between calls, so any kernel (Numba, Triton, or this NumPy reference) that sees the same key and
+index draws exactly the same number, and work can be split over threads or blocks freely.
+
+The mixing function is the 32-bit finalizer of MurmurHash3 applied twice. All arithmetic is on
+unsigned 32-bit words with wrap-around, which both Numba (via explicit masking) and Triton
+(``tl.uint32``) reproduce exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["GOLDEN", "MASK32", "fmix32", "make_key", "uniform", "hash_u32"]
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B1  # odd, close to 2**32 / golden ratio
+_HI_MUL = 0x85EBCA77
+_M1 = 0x85EBCA6B
+_M2 = 0xC2B2AE35
+
+
+def fmix32(h: int) -> int:
+    """MurmurHash3's 32-bit finalizer on a Python int (host-side, exact)."""
+    h &= MASK32
+    h ^= h >> 16
+    h = (h * _M1) & MASK32
+    h ^= h >> 13
+    h = (h * _M2) & MASK32
+    h ^= h >> 16
+    return h
+
+
+def make_key(seed: int, *streams: int) -> tuple[int, int]:
+    """Derive a 2-word kernel key from a seed and any number of stream identifiers.
+
+    Args:
+        seed: Any non-negative Python int (only its low 64 bits are used).
+        *streams: Non-negative ints that separate independent streams (step, rank, purpose ...).
+
+    Returns:
+        ``(k0, k1)``, two uint32 values passed to kernels.
+    """
+    if seed < 0 or any(s < 0 for s in streams):
+        raise ValueError("seed and stream ids must be non-negative integers")
+    k0 = fmix32(seed ^ 0x243F6A88)
+    k1 = fmix32((seed >> 32) ^ 0x85A308D3 ^ k0)
+    for s in streams:
+        k0 = fmix32(k0 ^ fmix32(s & MASK32) ^ fmix32((s >> 32) + 0x13198A2E))
+        k1 = fmix32(k1 + GOLDEN ^ k0)
+    return k0, k1
+
+
+def _fmix32_np(h: np.ndarray) -> np.ndarray:
+    h = h.astype(np.uint64) & MASK32
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(_M1)) & np.uint64(MASK32)
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(_M2)) & np.uint64(MASK32)
+    h ^= h >> np.uint64(16)
+    return h
+
+
+def hash_u32(k0: int, k1: int, index: np.ndarray) -> np.ndarray:
+    """Reference: the uint32 hash of each element index under key ``(k0, k1)``.
+
+    Args:
+        k0, k1: A key from :func:`make_key`.
+        index: Integer array of element indices (``>= 0``, any shape).
+
+    Returns:
+        ``uint32`` array of the same shape. Equivalent to the Numba ``hash_u32`` kernel function.
+    """
+    idx = np.asarray(index, dtype=np.uint64)
+    lo = idx & np.uint64(MASK32)
+    hi = idx >> np.uint64(32)
+    h = _fmix32_np((lo * np.uint64(GOLDEN) + np.uint64(k0)) & np.uint64(MASK32))
+    h = _fmix32_np(h ^ np.uint64(k1) ^ ((hi * np.uint64(_HI_MUL)) & np.uint64(MASK32)))
+    return h.astype(np.uint32)
+
+
+def uniform(k0: int, k1: int, index: np.ndarray) -> np.ndarray:
+    """Reference: float32 uniforms in ``[0, 1)`` with 24 random bits, ``(hash >> 8) * 2**-24``."""
+    h = hash_u32(k0, k1, index)
+    return ((h >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)).astype(np.float32)
