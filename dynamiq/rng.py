@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GOLDEN", "MASK32", "fmix32", "make_key", "uniform", "hash_u32"]
+__all__ = ["GOLDEN", "MASK32", "fmix32", "hash_u32", "make_key", "uniform"]
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B1  # odd, close to 2**32 / golden ratio

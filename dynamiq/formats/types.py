@@ -13,6 +13,7 @@ by a user needs no kernel code of its own.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -375,7 +376,7 @@ class LevelFormat(NumberFormat):
         lv = tuple(float(np.float32(v)) for v in self.levels)
         if len(lv) < 2:
             raise ValueError("a level table needs at least 2 levels")
-        if any(not (0.0 <= v <= 1.0) for v in lv) or any(b <= a for a, b in zip(lv, lv[1:])):
+        if any(not (0.0 <= v <= 1.0) for v in lv) or any(b <= a for a, b in itertools.pairwise(lv)):
             raise ValueError("levels must be strictly increasing values in [0, 1]")
         object.__setattr__(self, "levels", lv)
         object.__setattr__(self, "bits", math.ceil(math.log2(len(lv))) + int(self.signed))

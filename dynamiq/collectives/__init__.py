@@ -1,0 +1,1 @@
+"""Collective communication: all-reduce schedules, topologies and their execution."""

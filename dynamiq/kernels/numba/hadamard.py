@@ -1,0 +1,156 @@
+"""Numba kernels for the blocked randomized Hadamard transform (RHT).
+
+A float32 vector whose length is a multiple of ``block`` (a power of two, ``2 <= block <= 2**16``)
+is cut into consecutive blocks of ``block`` elements, and every block is rotated independently:
+
+* forward:  ``y_blk = norm * FWHT(d_blk * x_blk)``
+* inverse:  ``x_blk = d_blk * (norm * FWHT(y_blk))``
+
+``norm`` is the float32 value of ``1/sqrt(block)`` (see :func:`rht_norm`) and ``d`` is a ±1
+diagonal drawn from the counter-based RNG: ``d_i = +1`` if ``hash_u32(k0, k1, i) & 1 == 0`` else
+``-1``, where ``i`` is the *global* element index (position in the whole vector, not in the
+block). Because ``FWHT`` is the Sylvester Hadamard matrix ``H`` (``H @ H == block * I``), the
+inverse undoes the forward transform exactly in real arithmetic.
+
+Arithmetic contract (another backend, e.g. a Triton kernel, must follow it to match bit for bit):
+
+1. Sign: ``v = -x[i]`` when the sign bit is odd, else ``v = x[i]``. This is an exact sign-bit
+   flip; do not multiply by ``-1.0`` (on x86 a multiply leaves a NaN's sign bit alone).
+2. FWHT, in float32, in *stages* ``h = 1, 2, 4, ..., block/2``. Stage ``h`` pairs every in-block
+   offset ``p`` with ``(p & h) == 0`` with ``p + h`` and replaces ``(a, b) = (v[p], v[p + h])`` by
+   ``(a + b, a - b)``, always written ``a + b`` and ``a - b`` with ``a`` the lower index. Every
+   output of a stage depends only on that stage's inputs, so the order of pairs *within* a stage
+   is free (a GPU may do a whole stage at once); the order of stages is not.
+3. Scale: one float32 multiply ``v * norm`` per element after the last stage (forward), or before
+   the sign flip (inverse). When ``log2(block)`` is even ``norm`` is a power of two and the
+   multiply is exact.
+
+No fused multiply-add can occur: there is no multiply feeding an add anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from dynamiq.kernels.numba.rng import hash_u32
+
+__all__ = ["MAX_BLOCK", "MIN_BLOCK", "fwht_block", "rht_forward", "rht_inverse", "rht_norm"]
+
+MIN_BLOCK = 2
+MAX_BLOCK = 1 << 16
+
+_ONE = np.uint64(1)
+
+
+def rht_norm(block: int) -> np.float32:
+    """The float32 scale ``1/sqrt(block)`` used by both kernels, correctly rounded.
+
+    Args:
+        block: Block size, a power of two in ``[2, 2**16]``.
+
+    Returns:
+        ``np.float32``: ``2**(-L/2)`` exactly when ``L = log2(block)`` is even, otherwise the
+        float32 nearest to ``sqrt(1/2)`` scaled by ``2**(-(L-1)/2)`` (an exact power-of-two
+        scaling, so still the float32 nearest to ``1/sqrt(block)``).
+
+    Raises:
+        ValueError: ``block`` is not a power of two in range.
+    """
+    if not (MIN_BLOCK <= block <= MAX_BLOCK) or block & (block - 1):
+        raise ValueError(f"block must be a power of two in [2, 65536], got {block}")
+    log2 = block.bit_length() - 1
+    if log2 % 2 == 0:
+        return np.float32(math.ldexp(1.0, -(log2 // 2)))
+    # Scaling the rounded sqrt(1/2) by a power of two keeps it the correctly rounded value and
+    # avoids the double rounding a float64 1/sqrt(block) -> float32 conversion could suffer.
+    return np.float32(math.ldexp(float(np.float32(math.sqrt(0.5))), -((log2 - 1) // 2)))
+
+
+@nb.njit(cache=True)
+def _check_shapes(n, n_out, block):
+    if block < MIN_BLOCK or block > MAX_BLOCK or (block & (block - 1)) != 0:
+        raise ValueError("block must be a power of two in [2, 65536]")
+    if n % block != 0:
+        raise ValueError("input length must be a multiple of block")
+    if n_out != n:
+        raise ValueError("out must have the same length as the input")
+
+
+@nb.njit(cache=True)
+def fwht_block(buf, start, block):
+    """Unnormalized in-place Walsh–Hadamard transform of ``buf[start:start + block]``.
+
+    Equivalent to ``buf[start:start+block] = H @ buf[start:start+block]`` with ``H`` the
+    Sylvester Hadamard matrix of order ``block``; the stage order is the module's contract.
+    """
+    h = 1
+    while h < block:
+        for j in range(start, start + block, 2 * h):
+            for i in range(j, j + h):
+                a = buf[i]
+                b = buf[i + h]
+                buf[i] = a + b
+                buf[i + h] = a - b
+        h *= 2
+
+
+@nb.njit(parallel=True, cache=True)
+def rht_forward(x, out, block, k0, k1, norm):
+    """Forward blocked RHT: ``out_blk = norm * (H @ (d_blk * x_blk))`` for every block.
+
+    Args:
+        x: float32 1-D array, length a multiple of ``block``.
+        out: float32 1-D array of the same length; may be ``x`` itself (in place) but must not
+            otherwise overlap it.
+        block: Block size, a power of two in ``[2, 2**16]``.
+        k0, k1: RNG key (from :func:`dynamiq.rng.make_key`) selecting the ±1 diagonal ``d``.
+        norm: ``rht_norm(block)`` as a ``np.float32``.
+    """
+    n = x.shape[0]
+    _check_shapes(n, out.shape[0], block)
+    # Casting here keeps every multiply in float32 even if a caller passes a Python float.
+    s = np.float32(norm)
+    for blk in nb.prange(n // block):
+        start = blk * block
+        for i in range(start, start + block):
+            v = x[i]
+            if hash_u32(k0, k1, i) & _ONE:
+                v = -v
+            out[i] = v
+        fwht_block(out, start, block)
+        for i in range(start, start + block):
+            out[i] = out[i] * s
+
+
+@nb.njit(parallel=True, cache=True)
+def rht_inverse(y, out, block, k0, k1, norm):
+    """Inverse blocked RHT: ``out_blk = d_blk * (norm * (H @ y_blk))`` for every block.
+
+    The exact inverse of :func:`rht_forward` (in real arithmetic) for the same ``block``,
+    ``(k0, k1)`` and ``norm``, because ``H`` is symmetric with ``H @ H == block * I`` and
+    ``d * d == 1``.
+
+    Args:
+        y: float32 1-D array, length a multiple of ``block``.
+        out: float32 1-D array of the same length; may be ``y`` itself (in place) but must not
+            otherwise overlap it.
+        block: Block size, a power of two in ``[2, 2**16]``.
+        k0, k1: RNG key used for the forward transform.
+        norm: ``rht_norm(block)`` as a ``np.float32``.
+    """
+    n = y.shape[0]
+    _check_shapes(n, out.shape[0], block)
+    s = np.float32(norm)
+    for blk in nb.prange(n // block):
+        start = blk * block
+        for i in range(start, start + block):
+            out[i] = y[i]
+        fwht_block(out, start, block)
+        for i in range(start, start + block):
+            v = out[i] * s
+            if hash_u32(k0, k1, i) & _ONE:
+                v = -v
+            out[i] = v

@@ -1,0 +1,429 @@
+"""Block-scaled quantizers: element format + groups + scales + rounding, and their payloads.
+
+A :class:`BlockQuantizer` cuts a flat vector into groups of ``group_size`` elements, gives each
+group a scale, and codes every element in the element format relative to its group scale. With
+``super_group_size`` set, scales are *hierarchical*: each super-group has a scale in
+``super_scale`` format and each group scale is stored relative to it (DynamiQ: UINT8 group scales
+under a BF16 super-group scale).
+
+The quantizer is a frozen, hashable value; :data:`QUANTIZERS` holds the named ones (MX, NVFP4,
+plain integer and DynamiQ-level quantizers). ``encode`` returns a :class:`Payload` whose single
+``uint8`` buffer is exactly what goes on the wire, so :meth:`BlockQuantizer.bits_per_coord` is the
+wire cost, metadata included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from dynamiq.formats import NumberFormat, resolve_format
+from dynamiq.kernels.numba import codec
+from dynamiq.registry import Registry
+from dynamiq.rng import make_key
+
+__all__ = [
+    "QUANTIZERS",
+    "ROUNDINGS",
+    "SCALE_ROUNDINGS",
+    "BlockQuantizer",
+    "Payload",
+    "get_quantizer",
+]
+
+ROUNDINGS = ("nearest", "stochastic", "correlated")
+SCALE_ROUNDINGS = ("up", "nearest", "down", "stochastic", "ocp")
+
+# stream purposes, so element, scale and permutation draws never share random numbers
+_P_ELEM = 0x454C454D
+_P_SCALE = 0x5343414C
+_P_PERM = 0x5045524D
+
+_MODE = {"nearest": 0, "stochastic": 1, "correlated": 4}
+_SMODE = {"nearest": 0, "stochastic": 1, "up": 2, "down": 3, "ocp": 3}
+
+
+def _is_pow2(v: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and (v & (v - 1)) == 0
+
+
+@dataclass(frozen=True)
+class _FormatTables:
+    """Kernel-side view of a format: padded search table, decode table, NaN code."""
+
+    kind: int
+    search: np.ndarray  # float32[2**logp], +inf padded
+    nfin: int
+    logp: int
+    dec: np.ndarray  # float32[2**magnitude_bits]
+    nan: int
+    nbytes: int
+
+    @staticmethod
+    def of(fmt: NumberFormat) -> _FormatTables:
+        if fmt.kind == "fp32":
+            dummy = np.zeros(1, np.float32)
+            return _FormatTables(1, dummy, 0, 0, dummy, 0x7FC00000, 4)
+        mags = fmt.magnitudes().astype(np.float32)
+        logp = max(1, math.ceil(math.log2(len(mags))))
+        search = np.full(2**logp, np.inf, np.float32)
+        search[: len(mags)] = mags
+        nan = fmt.nan_code if fmt.nan_code is not None else 0
+        return _FormatTables(
+            0, search, len(mags), logp, fmt.decode_table().astype(np.float32), nan,
+            max(1, math.ceil(fmt.bits / 8)),
+        )
+
+
+@dataclass
+class Payload:
+    """The encoded form of a vector: one contiguous ``uint8`` buffer plus views into it.
+
+    Attributes:
+        quantizer: The quantizer that wrote it.
+        n: Number of coordinates encoded (before padding).
+        data: ``torch.uint8`` tensor of ``quantizer.nbytes(n)`` bytes: element codes, then group
+            scale codes, then super-group scale codes. This buffer is what is sent on the wire.
+    """
+
+    quantizer: BlockQuantizer
+    n: int
+    data: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Size of :attr:`data` in bytes."""
+        return int(self.data.numel())
+
+    @property
+    def bits_per_coord(self) -> float:
+        """Exact wire cost: ``8 * nbytes / n``."""
+        return 8.0 * self.nbytes / self.n
+
+    def sections(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """NumPy views ``(codes, scales, supers)`` of the buffer."""
+        a, b, c = self.quantizer._section_sizes(self.n)
+        buf = self.data.numpy()
+        return buf[:a], buf[a : a + b], buf[a + b : a + b + c]
+
+
+@dataclass(frozen=True)
+class BlockQuantizer:
+    """Block-scaled quantization with any element format.
+
+    Args:
+        element: Element format (object or registered name), e.g. ``"e4m3"``, ``"dq4"``.
+        group_size: Elements per scale group, a power of two; ``group_size * element.bits``
+            must be a multiple of 8 so that groups are byte-aligned.
+        scale: Group scale format. Flat quantizers need a format with a NaN code (or FP32) so
+            that non-finite inputs stay visible; hierarchical ones store group scales relative to
+            the super-group scale (typically ``"u8rel"``).
+        rounding: Element rounding: ``"nearest"`` (ties to even), ``"stochastic"`` (unbiased)
+            or ``"correlated"`` (unbiased, stratified across ranks; needs ``world_size``).
+        scale_rounding: ``"up"`` (no element ever clips), ``"nearest"``, ``"down"``,
+            ``"stochastic"`` (unbiased; elements are then normalised by the exact group max so
+            that value and scale errors are independent) or ``"ocp"`` (OCP MX rule
+            ``2**(floor(log2 amax) - emax_elem)``, elements saturate).
+        super_group_size: Elements per super-group (hierarchical scales), a power-of-two
+            multiple of ``group_size``; ``None`` for flat scales.
+        super_scale: Super-group scale format (e.g. ``"bf16"``), always rounded up.
+
+    Example:
+        >>> q = BlockQuantizer("e4m3", group_size=32, scale="e8m0", scale_rounding="ocp")
+        >>> q.bits_per_coord(1024)
+        8.25
+    """
+
+    element: NumberFormat | str
+    group_size: int = 32
+    scale: NumberFormat | str = "e8m0"
+    rounding: str = "nearest"
+    scale_rounding: str = "up"
+    super_group_size: int | None = None
+    super_scale: NumberFormat | str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "element", resolve_format(self.element))
+        object.__setattr__(self, "scale", resolve_format(self.scale))
+        if self.super_scale is not None:
+            object.__setattr__(self, "super_scale", resolve_format(self.super_scale))
+        el, sc = self.element, self.scale
+        if el.kind != "table" or not el.signed or el.min_value != 0.0:
+            raise ValueError(
+                f"element format {el} must be a signed table format that represents zero"
+            )
+        if not _is_pow2(self.group_size):
+            raise ValueError(f"group_size must be a power of two, got {self.group_size!r}")
+        if (self.group_size * el.bits) % 8:
+            raise ValueError(
+                f"group_size * element bits must be a multiple of 8 (byte-aligned groups); "
+                f"got {self.group_size} * {el.bits}"
+            )
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.scale_rounding not in SCALE_ROUNDINGS:
+            raise ValueError(
+                f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {self.scale_rounding!r}"
+            )
+        for name, f in (("scale", sc), ("super_scale", self.super_scale)):
+            if f is not None and f.kind == "table" and f.bits % 8:
+                raise ValueError(f"{name} format must be 8, 16 or 32 bits wide, got {f.bits}")
+        if self.scale_rounding == "stochastic" and sc.kind == "fp32":
+            raise ValueError("stochastic scale rounding needs a table scale format, not fp32")
+        hier = self.super_group_size is not None
+        if hier != (self.super_scale is not None):
+            raise ValueError("super_group_size and super_scale must be given together")
+        top = self.super_scale if hier else sc
+        if top.kind == "table" and top.nan_code is None:
+            raise ValueError(
+                f"the top-level scale format {top} has no NaN code, so a block holding NaN/Inf "
+                "could not be flagged; use e8m0, e4m3, bf16 or fp32 (or hierarchical scales)"
+            )
+        if hier:
+            sg = self.super_group_size
+            if not _is_pow2(sg) or sg < self.group_size:
+                raise ValueError(
+                    f"super_group_size must be a power of two >= group_size, got {sg!r}"
+                )
+            if sc.kind != "table" or sc.max_value > 1.0:
+                raise ValueError(
+                    f"hierarchical group scales are relative to the super-group scale: their "
+                    f"format must have magnitudes in [0, 1] (e.g. u8rel), got {sc}"
+                )
+        if self.scale_rounding == "ocp" and sc.kind == "fp32":
+            raise ValueError("'ocp' scale rounding expects a power-of-two scale format (e8m0)")
+
+    # ---- layout and accounting ---------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        """Elements per independent block (super-group if hierarchical, else group)."""
+        return self.super_group_size or self.group_size
+
+    def padded_length(self, n: int) -> int:
+        """``n`` rounded up to a whole number of blocks."""
+        b = self.block_size
+        return -(-n // b) * b
+
+    def _section_sizes(self, n: int) -> tuple[int, int, int]:
+        npad = self.padded_length(n)
+        codes = npad * self.element.bits // 8
+        scales = (npad // self.group_size) * self._scale_tables.nbytes
+        supers = (npad // self.super_group_size) * self._super_tables.nbytes if (
+            self.super_group_size
+        ) else 0
+        return codes, scales, supers
+
+    def nbytes(self, n: int) -> int:
+        """Exact payload size in bytes for ``n`` coordinates, all metadata included."""
+        return sum(self._section_sizes(n))
+
+    def bits_per_coord(self, n: int | None = None) -> float:
+        """Wire bits per coordinate: exact for ``n`` coordinates, asymptotic when ``None``."""
+        if n is None:
+            n = self.block_size * 1024
+            return 8.0 * self.nbytes(n) / n
+        if n <= 0:
+            raise ValueError("n must be positive")
+        return 8.0 * self.nbytes(n) / n
+
+    @property
+    def unbiased(self) -> bool:
+        """True when E[decode(encode(x))] = x (stochastic rounding, no clipping scale)."""
+        scale_ok = self.scale_rounding in ("up", "stochastic")
+        return self.rounding != "nearest" and scale_ok
+
+    @cached_property
+    def _elem_tables(self) -> _FormatTables:
+        return _FormatTables.of(self.element)
+
+    @cached_property
+    def _scale_tables(self) -> _FormatTables:
+        return _FormatTables.of(self.scale)
+
+    @cached_property
+    def _super_tables(self) -> _FormatTables:
+        return _FormatTables.of(self.super_scale) if self.super_scale is not None else (
+            _FormatTables(0, np.zeros(2, np.float32), 1, 1, np.zeros(1, np.float32), 0, 1)
+        )
+
+    @cached_property
+    def _scale_divisor(self) -> np.float32:
+        emax = self.element.max_value
+        if self.scale_rounding == "ocp":
+            emax = 2.0 ** math.floor(math.log2(emax))
+        return np.float32(emax)
+
+    # ---- encode / decode ---------------------------------------------------------------------
+    @cached_property
+    def _kernel_spec(self) -> codec.KernelSpec:
+        e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
+        return codec.KernelSpec(
+            bits=self.element.bits, mbits=self.element.magnitude_bits, elogp=e.logp,
+            enfin=e.nfin, emode=_MODE[self.rounding], group=self.group_size,
+            block=self.block_size, hier=self.super_group_size is not None, skind=sc.kind,
+            sbytes=sc.nbytes, smode=_SMODE[self.scale_rounding], ukind=u.kind, ubytes=u.nbytes,
+        )
+
+    def _split(self, n: int) -> tuple[int, int, np.ndarray]:
+        """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
+        b = self.block_size
+        return n // b, -(-n // b), np.zeros(b, np.float32)
+
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+        if x.device.type != "cpu":
+            raise ValueError(f"the numba backend needs a CPU tensor, got device {x.device}")
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"expected a float32/float16/bfloat16 tensor, got {x.dtype}")
+        if x.dim() != 1:
+            raise ValueError(f"expected a 1-D tensor, got shape {tuple(x.shape)}")
+        if x.numel() == 0:
+            raise ValueError("cannot quantize an empty tensor")
+        if not x.is_contiguous():
+            raise ValueError("expected a contiguous tensor")
+        return x if x.dtype == torch.float32 else x.float()
+
+    def encode(
+        self,
+        x: torch.Tensor,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        stream: tuple[int, ...] = (),
+        index_offset: int = 0,
+        out: torch.Tensor | None = None,
+    ) -> Payload:
+        """Quantize a vector.
+
+        Args:
+            x: 1-D contiguous CPU tensor, float32 (float16/bfloat16 are widened), length ``n``.
+            seed: Seed of the random numbers (shared by all ranks for correlated rounding).
+            rank, world_size: This worker's rank and the number of workers whose quantized copies
+                will be summed (correlated rounding stratifies across them).
+            stream: Extra stream ids (e.g. step, chunk) so that successive calls draw fresh numbers.
+            index_offset: Global index of ``x[0]``, when ``x`` is a slice of a longer vector.
+            out: Optional preallocated ``uint8`` tensor of ``nbytes(n)`` bytes to write into.
+
+        Returns:
+            A :class:`Payload` of ``nbytes(n)`` bytes. Decoding it is equivalent to
+            ``sign(x) * level * group_scale`` with the level chosen by ``rounding``.
+        """
+        x = self._check_input(x)
+        n = x.numel()
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, {world_size=}")
+        if index_offset < 0:
+            raise ValueError("index_offset must be >= 0")
+        size = self.nbytes(n)
+        if out is None:
+            out = torch.empty(size, dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
+        payload = Payload(self, n, out)
+        codes, scales, supers = payload.sections()
+        e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
+        k0, k1 = make_key(seed, *stream, rank, _P_ELEM)
+        p0, p1 = make_key(seed, *stream, _P_PERM)
+        q0, q1 = make_key(seed, *stream, rank, _P_SCALE)
+        xs = x.numpy()
+        nfull, nblocks, tail = self._split(n)
+        if nblocks > nfull:
+            tail[: n - nfull * self.block_size] = xs[nfull * self.block_size :]
+        codec.encoder(self._kernel_spec)(
+            xs, tail, nfull, nblocks, codes, scales, supers, e.search,
+            sc.search, sc.nfin, sc.logp, sc.dec, sc.nan, self._scale_divisor,
+            u.search, u.nfin, u.logp, u.dec, u.nan,
+            k0, k1, p0, p1, q0, q1, rank, world_size, index_offset,
+        )
+        return payload
+
+    def decode(
+        self, payload: Payload, out: torch.Tensor | None = None, *, accumulate: bool = False
+    ) -> torch.Tensor:
+        """Decode a payload to float32.
+
+        Args:
+            payload: What :meth:`encode` returned (of this quantizer).
+            out: Optional float32 tensor of ``payload.n`` elements to write (or add) into.
+            accumulate: Add the decoded values to ``out`` instead of overwriting it.
+
+        Returns:
+            float32 tensor of ``payload.n`` elements.
+        """
+        if payload.quantizer != self:
+            raise ValueError("payload was written by a different quantizer")
+        n = payload.n
+        if out is None:
+            if accumulate:
+                raise ValueError("accumulate=True needs an out tensor")
+            out = torch.empty(n, dtype=torch.float32)
+        elif out.dtype != torch.float32 or out.numel() != n or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous float32 tensor of {n} elements")
+        codes, scales, supers = payload.sections()
+        e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
+        os_ = out.numpy()
+        nfull, nblocks, tail = self._split(n)
+        cut = nfull * self.block_size
+        if accumulate and nblocks > nfull:
+            tail[: n - cut] = os_[cut:]
+        codec.decoder(self._kernel_spec, accumulate)(
+            os_, tail, nfull, nblocks, codes, scales, supers, e.dec, sc.dec, u.dec
+        )
+        if nblocks > nfull:
+            os_[cut:] = tail[: n - cut]
+        return out
+
+    def roundtrip(self, x: torch.Tensor, **kw: object) -> torch.Tensor:
+        """``decode(encode(x, **kw))``: the quantized value of ``x`` (float32)."""
+        return self.decode(self.encode(x, **kw))  # type: ignore[arg-type]
+
+    def level_gap(self) -> float:
+        """Largest gap between neighbouring element magnitudes, relative to ``max_value``."""
+        m = self.element.magnitudes()
+        return float(np.diff(m).max() / m[-1])
+
+    def describe(self) -> str:
+        """One-line summary."""
+        s = f"{self.element} g{self.group_size} scale={self.scale}"
+        if self.super_group_size:
+            s += f" super{self.super_group_size}={self.super_scale}"
+        return f"{s} rounding={self.rounding}/{self.scale_rounding}"
+
+
+QUANTIZERS: Registry[BlockQuantizer] = Registry("quantizer")
+
+
+def _mx(element: str) -> BlockQuantizer:
+    return BlockQuantizer(element, group_size=32, scale="e8m0", scale_rounding="ocp")
+
+
+QUANTIZERS.register("mxfp8", _mx("e4m3"))
+QUANTIZERS.register("mxfp8_e5m2", _mx("e5m2"))
+QUANTIZERS.register("mxfp6", _mx("e3m2"))
+QUANTIZERS.register("mxfp6_e2m3", _mx("e2m3"))
+QUANTIZERS.register("mxfp4", _mx("e2m1"))
+QUANTIZERS.register("nvfp4", BlockQuantizer("e2m1", group_size=16, scale="e4m3"))
+QUANTIZERS.alias("mxfp8_e4m3", "mxfp8")
+QUANTIZERS.alias("mxfp6_e3m2", "mxfp6")
+for _b in (4, 8):
+    QUANTIZERS.register(f"int{_b}_sr", BlockQuantizer(f"int{_b}", group_size=32, scale="bf16",
+                                                      rounding="stochastic"))
+for _b in (2, 4, 8):
+    QUANTIZERS.register(
+        f"dq{_b}_hier",
+        BlockQuantizer(f"dq{_b}", group_size=16, scale="u8rel", rounding="stochastic",
+                       scale_rounding="stochastic", super_group_size=256, super_scale="bf16"),
+    )
+
+
+def get_quantizer(q: str | BlockQuantizer) -> BlockQuantizer:
+    """Return ``q`` itself or the registered quantizer of that name."""
+    if isinstance(q, BlockQuantizer):
+        return q
+    return QUANTIZERS.get(q)

@@ -1,0 +1,323 @@
+"""Orthogonal transforms applied to a gradient before quantization and undone after reduction.
+
+A transform maps a 1-D float32 vector of length ``n`` to a (possibly zero-padded) vector of
+length ``padded_length(n)``. Every transform here is *linear* and, for a fixed configuration and
+``step``, identical on every rank, so it commutes with the all-reduce sum::
+
+    inverse(sum_r forward(x_r, step=s), n, step=s) == sum_r x_r     (up to float32 rounding)
+
+The randomized Hadamard transform spreads each block's energy evenly over its coordinates, which
+flattens outliers and makes low-bit quantization of the rotated vector far more accurate.
+
+Transforms are looked up by name in :data:`TRANSFORMS`::
+
+    TRANSFORMS["rht"](block_size=1024, seed=7)
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from dynamiq.kernels.numba.hadamard import MAX_BLOCK, MIN_BLOCK, rht_forward, rht_inverse, rht_norm
+from dynamiq.registry import Registry
+from dynamiq.rng import make_key
+
+__all__ = ["RHT_STREAM", "TRANSFORMS", "Identity", "RandomizedHadamard", "Transform"]
+
+TRANSFORMS: Registry[type] = Registry("transform")
+"""Transform classes by name: ``"identity"`` → :class:`Identity`, ``"rht"`` →
+:class:`RandomizedHadamard`."""
+
+RHT_STREAM = 0x52485400
+"""Purpose id (ASCII ``"RHT\\0"``) mixed into the RNG key of the Hadamard sign diagonal, so the
+signs never coincide with random numbers drawn for another purpose under the same seed/step."""
+
+_U64 = 1 << 64
+
+
+def _as_int(name: str, value: object) -> int:
+    # bool is an int subclass, but block_size=True is always a mistake.
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool {value!r}")
+    try:
+        return operator.index(value)  # accepts numpy integers, rejects floats
+    except TypeError:
+        kind = type(value).__name__
+        raise TypeError(f"{name} must be an integer, got {kind} {value!r}") from None
+
+
+def _check_step(step: object) -> int:
+    s = _as_int("step", step)
+    # make_key only mixes the low 64 bits; larger steps would silently reuse rotations.
+    if not 0 <= s < _U64:
+        raise ValueError(f"step must be in [0, 2**64), got {s}")
+    return s
+
+
+def _check_n(n: object) -> int:
+    m = _as_int("n", n)
+    if m < 1:
+        raise ValueError(f"n must be >= 1, got {m}")
+    return m
+
+
+def _check_vector(t: object, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{what} must have dtype torch.float32, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} must be on the CPU, got device {t.device}")
+    if t.dim() != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{what} must not be empty")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
+    # The kernels work on the raw storage; autograd cannot follow them anyway.
+    return t.detach()
+
+
+class Transform:
+    """Base class of transforms (concrete transforms are frozen dataclasses).
+
+    A transform is a linear map ``T_step: R^n -> R^padded_length(n)`` with a left inverse, the
+    same on every rank for the same configuration and ``step``. Subclasses implement
+    :meth:`padded_length`, :meth:`forward` and :meth:`inverse`.
+    """
+
+    def padded_length(self, n: int) -> int:
+        """Length of ``forward``'s output for an input of length ``n``.
+
+        Args:
+            n: Input length, ``n >= 1``.
+
+        Returns:
+            The output length (``>= n``).
+        """
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+        """Apply the transform.
+
+        Args:
+            x: float32, shape ``(n,)``, contiguous, on the CPU, ``n >= 1``.
+            step: Training step (``>= 0``); randomized transforms draw a fresh rotation per step.
+
+        Returns:
+            A new float32 tensor of shape ``(padded_length(n),)``.
+        """
+        raise NotImplementedError
+
+    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0) -> torch.Tensor:
+        """Undo :meth:`forward` and keep the first ``n`` coordinates.
+
+        Args:
+            y: float32, shape ``(m,)`` with ``m >= padded_length(n)``, contiguous, on the CPU.
+            n: Length of the original vector.
+            step: The ``step`` that was passed to :meth:`forward`.
+
+        Returns:
+            A new float32 tensor of shape ``(n,)``.
+        """
+        raise NotImplementedError
+
+
+@TRANSFORMS.register("identity")
+@dataclass(frozen=True)
+class Identity(Transform):
+    """The no-op transform: ``forward(x) == x`` and ``padded_length(n) == n``."""
+
+    def padded_length(self, n: int) -> int:
+        """Return ``n`` (no padding).
+
+        Args:
+            n: Input length, ``n >= 1``.
+
+        Returns:
+            ``n``.
+
+        Raises:
+            TypeError: ``n`` is not an integer.
+            ValueError: ``n < 1``.
+        """
+        return _check_n(n)
+
+    def forward(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+        """Return a copy of ``x``; equivalent to ``x.clone()``.
+
+        Args:
+            x: float32, shape ``(n,)``, contiguous, on the CPU, ``n >= 1``.
+            step: Ignored (validated like the other transforms' ``step``).
+
+        Returns:
+            A new float32 tensor of shape ``(n,)`` equal to ``x``.
+
+        Raises:
+            TypeError: ``x`` is not a float32 tensor, or ``step`` is not an integer.
+            ValueError: ``x`` is not 1-D, empty, non-contiguous or not on the CPU, or
+                ``step < 0``.
+        """
+        _check_step(step)
+        return _check_vector(x, "x").clone()
+
+    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0) -> torch.Tensor:
+        """Return a copy of the first ``n`` coordinates; equivalent to ``y[:n].clone()``.
+
+        Args:
+            y: float32, shape ``(m,)`` with ``m >= n``, contiguous, on the CPU.
+            n: Number of coordinates to keep, ``1 <= n <= m``.
+            step: Ignored (validated).
+
+        Returns:
+            A new float32 tensor of shape ``(n,)``.
+
+        Raises:
+            TypeError: ``y`` is not a float32 tensor, or ``n``/``step`` is not an integer.
+            ValueError: ``y`` is malformed (see :meth:`forward`), ``n < 1`` or ``n > m``.
+        """
+        _check_step(step)
+        y = _check_vector(y, "y")
+        n = _check_n(n)
+        if y.numel() < n:
+            raise ValueError(f"y has {y.numel()} elements, fewer than n={n}")
+        return y[:n].clone()
+
+
+@TRANSFORMS.register("rht")
+@dataclass(frozen=True)
+class RandomizedHadamard(Transform):
+    """Blocked randomized Hadamard transform with a per-step random ±1 diagonal.
+
+    The input is zero-padded to a multiple of ``B = block_size`` and every block of ``B``
+    consecutive coordinates is rotated by the orthogonal matrix ``H_B @ diag(d_blk) / sqrt(B)``,
+    where ``H_B`` is the Sylvester Hadamard matrix (``H_1 = [1]``,
+    ``H_2k = [[H_k, H_k], [H_k, -H_k]]``) and ``d_i = +1`` if
+    ``dynamiq.rng.hash_u32(k0, k1, i) & 1 == 0`` else ``-1`` for the global padded index ``i``,
+    with ``(k0, k1) = make_key(seed, step, RHT_STREAM)``. All ranks share ``seed`` so they apply
+    the same rotation at a given step, which makes the transform commute with summation across
+    ranks. Arithmetic is float32 in the order fixed by :mod:`dynamiq.kernels.numba.hadamard`.
+
+    Args:
+        block_size: ``B``, a power of two in ``[2, 65536]``. Larger blocks spread outliers over
+            more coordinates but pad short vectors more.
+        seed: Non-negative integer below ``2**64``, the same on every rank.
+
+    Raises:
+        TypeError: ``block_size`` or ``seed`` is not an integer.
+        ValueError: ``block_size`` is not a power of two in range, or ``seed`` is out of range.
+    """
+
+    block_size: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        b = _as_int("block_size", self.block_size)
+        if not (MIN_BLOCK <= b <= MAX_BLOCK) or b & (b - 1):
+            raise ValueError(
+                f"block_size must be a power of two between {MIN_BLOCK} and {MAX_BLOCK}, got {b}"
+            )
+        s = _as_int("seed", self.seed)
+        if not 0 <= s < _U64:
+            raise ValueError(f"seed must be in [0, 2**64), got {s}")
+        # Store plain ints so equality, hashing and repr do not depend on numpy scalar types.
+        object.__setattr__(self, "block_size", b)
+        object.__setattr__(self, "seed", s)
+
+    def padded_length(self, n: int) -> int:
+        """Round ``n`` up to a multiple of ``block_size``.
+
+        Args:
+            n: Input length, ``n >= 1``.
+
+        Returns:
+            ``ceil(n / block_size) * block_size``.
+
+        Raises:
+            TypeError: ``n`` is not an integer.
+            ValueError: ``n < 1``.
+        """
+        n = _check_n(n)
+        return -(-n // self.block_size) * self.block_size
+
+    def key(self, *, step: int = 0) -> tuple[int, int]:
+        """The RNG key of the sign diagonal at ``step``.
+
+        Args:
+            step: Training step, ``0 <= step < 2**64``.
+
+        Returns:
+            ``(k0, k1)``, equal to ``make_key(seed, step, RHT_STREAM)``; pass it to the kernels
+            of any backend to reproduce this transform's signs.
+        """
+        return make_key(self.seed, _check_step(step), RHT_STREAM)
+
+    def forward(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+        """Zero-pad ``x`` to ``m = padded_length(n)`` and rotate every block.
+
+        Equivalent, per block ``x_blk`` of the padded vector, to
+        ``(H_B @ (d_blk * x_blk)) / sqrt(B)`` (see the class docstring), computed in float32.
+        Non-finite inputs stay non-finite: a NaN or Inf makes its whole block's output
+        non-finite and leaves other blocks untouched.
+
+        Args:
+            x: float32, shape ``(n,)``, contiguous, on the CPU, ``n >= 1``.
+            step: Training step, ``0 <= step < 2**64``; each step uses a different diagonal.
+
+        Returns:
+            A new float32 tensor of shape ``(m,)``. Its 2-norm equals ``x``'s up to rounding.
+
+        Raises:
+            TypeError: ``x`` is not a float32 tensor, or ``step`` is not an integer.
+            ValueError: ``x`` is not 1-D, empty, non-contiguous or not on the CPU, or ``step``
+                is out of range.
+        """
+        k0, k1 = self.key(step=step)
+        x = _check_vector(x, "x")
+        n = x.numel()
+        out = torch.zeros(self.padded_length(n), dtype=torch.float32)
+        out[:n] = x
+        buf = out.numpy()
+        rht_forward(buf, buf, self.block_size, k0, k1, rht_norm(self.block_size))
+        return out
+
+    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0) -> torch.Tensor:
+        """Undo :meth:`forward` and return the first ``n`` coordinates.
+
+        Equivalent, per block ``y_blk``, to ``d_blk * (H_B @ y_blk) / sqrt(B)``, followed by
+        ``[:n]``. Only the blocks that cover the first ``n`` coordinates are transformed.
+
+        Args:
+            y: float32, shape ``(m,)``, contiguous, on the CPU, with ``m`` a multiple of
+                ``block_size`` and ``m >= n`` (normally ``m == padded_length(n)``).
+            n: Length of the original vector, ``n >= 1``.
+            step: The ``step`` passed to :meth:`forward`.
+
+        Returns:
+            A new float32 tensor of shape ``(n,)``.
+
+        Raises:
+            TypeError: ``y`` is not a float32 tensor, or ``n``/``step`` is not an integer.
+            ValueError: ``y`` is malformed (see :meth:`forward`), its length is not a multiple
+                of ``block_size`` or is less than ``n``, ``n < 1``, or ``step`` is out of range.
+        """
+        k0, k1 = self.key(step=step)
+        y = _check_vector(y, "y")
+        n = _check_n(n)
+        m = y.numel()
+        if m % self.block_size:
+            raise ValueError(
+                f"y has {m} elements, not a multiple of block_size={self.block_size}; "
+                "pass the tensor returned by forward()"
+            )
+        if m < n:
+            raise ValueError(f"y has {m} elements, fewer than n={n}")
+        used = self.padded_length(n)
+        out = torch.empty(used, dtype=torch.float32)
+        rht_inverse(
+            y[:used].numpy(), out.numpy(), self.block_size, k0, k1, rht_norm(self.block_size)
+        )
+        return out if used == n else out[:n].clone()
