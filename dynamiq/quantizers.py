@@ -23,6 +23,7 @@ import torch
 
 from dynamiq.formats import NumberFormat, resolve_format
 from dynamiq.kernels.numba import codec
+from dynamiq.kernels.tables import FormatTables
 from dynamiq.registry import Registry
 from dynamiq.rng import make_key
 
@@ -49,34 +50,6 @@ _SMODE = {"nearest": 0, "stochastic": 1, "up": 2, "down": 3, "ocp": 3}
 
 def _is_pow2(v: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and (v & (v - 1)) == 0
-
-
-@dataclass(frozen=True)
-class _FormatTables:
-    """Kernel-side view of a format: padded search table, decode table, NaN code."""
-
-    kind: int
-    search: np.ndarray  # float32[2**logp], +inf padded
-    nfin: int
-    logp: int
-    dec: np.ndarray  # float32[2**magnitude_bits]
-    nan: int
-    nbytes: int
-
-    @staticmethod
-    def of(fmt: NumberFormat) -> _FormatTables:
-        if fmt.kind == "fp32":
-            dummy = np.zeros(1, np.float32)
-            return _FormatTables(1, dummy, 0, 0, dummy, 0x7FC00000, 4)
-        mags = fmt.magnitudes().astype(np.float32)
-        logp = max(1, math.ceil(math.log2(len(mags))))
-        search = np.full(2**logp, np.inf, np.float32)
-        search[: len(mags)] = mags
-        nan = fmt.nan_code if fmt.nan_code is not None else 0
-        return _FormatTables(
-            0, search, len(mags), logp, fmt.decode_table().astype(np.float32), nan,
-            max(1, math.ceil(fmt.bits / 8)),
-        )
 
 
 @dataclass
@@ -237,18 +210,24 @@ class BlockQuantizer:
         return self.rounding != "nearest" and scale_ok
 
     @cached_property
-    def _elem_tables(self) -> _FormatTables:
-        return _FormatTables.of(self.element)
+    def _elem_tables(self) -> FormatTables:
+        return FormatTables.of(self.element)
 
     @cached_property
-    def _scale_tables(self) -> _FormatTables:
-        return _FormatTables.of(self.scale)
+    def _scale_tables(self) -> FormatTables:
+        return FormatTables.of(self.scale)
 
     @cached_property
-    def _super_tables(self) -> _FormatTables:
-        return _FormatTables.of(self.super_scale) if self.super_scale is not None else (
-            _FormatTables(0, np.zeros(2, np.float32), 1, 1, np.zeros(1, np.float32), 0, 1)
-        )
+    def _super_tables(self) -> FormatTables:
+        return FormatTables.of(self.super_scale)
+
+    @cached_property
+    def _kernel_args(self) -> tuple[tuple, tuple]:
+        """The ``tables`` and ``consts`` tuples every generated kernel takes."""
+        e, s, u = self._elem_tables, self._scale_tables, self._super_tables
+        tables = (e.search, e.lut, e.dec, s.search, s.dec, u.search, u.dec)
+        consts = (s.nfin, s.logp, s.nan, self._scale_divisor, u.nfin, u.logp, u.nan)
+        return tables, consts
 
     @cached_property
     def _scale_divisor(self) -> np.float32:
@@ -262,11 +241,22 @@ class BlockQuantizer:
     def _kernel_spec(self) -> codec.KernelSpec:
         e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
         return codec.KernelSpec(
-            bits=self.element.bits, mbits=self.element.magnitude_bits, elogp=e.logp,
-            enfin=e.nfin, emode=_MODE[self.rounding], group=self.group_size,
+            bits=self.element.bits, mbits=self.element.magnitude_bits, enfin=e.nfin,
+            lshift=e.lshift, lkey0=e.lkey0, llen=len(e.lut), emode=_MODE[self.rounding],
+            group=self.group_size,
             block=self.block_size, hier=self.super_group_size is not None, skind=sc.kind,
             sbytes=sc.nbytes, smode=_SMODE[self.scale_rounding], ukind=u.kind, ubytes=u.nbytes,
         )
+
+    def _rand(self, seed, rank, world_size, stream, index_offset) -> tuple:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, {world_size=}")
+        if index_offset < 0:
+            raise ValueError("index_offset must be >= 0")
+        k0, k1 = make_key(seed, *stream, rank, _P_ELEM)
+        p0, p1 = make_key(seed, *stream, _P_PERM)
+        q0, q1 = make_key(seed, *stream, rank, _P_SCALE)
+        return (k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
 
     def _split(self, n: int) -> tuple[int, int, np.ndarray]:
         """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
@@ -316,10 +306,6 @@ class BlockQuantizer:
         """
         x = self._check_input(x)
         n = x.numel()
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, {world_size=}")
-        if index_offset < 0:
-            raise ValueError("index_offset must be >= 0")
         size = self.nbytes(n)
         if out is None:
             out = torch.empty(size, dtype=torch.uint8)
@@ -327,19 +313,14 @@ class BlockQuantizer:
             raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
         payload = Payload(self, n, out)
         codes, scales, supers = payload.sections()
-        e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
-        k0, k1 = make_key(seed, *stream, rank, _P_ELEM)
-        p0, p1 = make_key(seed, *stream, _P_PERM)
-        q0, q1 = make_key(seed, *stream, rank, _P_SCALE)
         xs = x.numpy()
         nfull, nblocks, tail = self._split(n)
         if nblocks > nfull:
             tail[: n - nfull * self.block_size] = xs[nfull * self.block_size :]
+        tables, consts = self._kernel_args
+        rand = self._rand(seed, rank, world_size, stream, index_offset)
         codec.encoder(self._kernel_spec)(
-            xs, tail, nfull, nblocks, codes, scales, supers, e.search,
-            sc.search, sc.nfin, sc.logp, sc.dec, sc.nan, self._scale_divisor,
-            u.search, u.nfin, u.logp, u.dec, u.nan,
-            k0, k1, p0, p1, q0, q1, rank, world_size, index_offset,
+            xs, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand
         )
         return payload
 
@@ -366,18 +347,81 @@ class BlockQuantizer:
         elif out.dtype != torch.float32 or out.numel() != n or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous float32 tensor of {n} elements")
         codes, scales, supers = payload.sections()
-        e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
         os_ = out.numpy()
         nfull, nblocks, tail = self._split(n)
         cut = nfull * self.block_size
         if accumulate and nblocks > nfull:
             tail[: n - cut] = os_[cut:]
         codec.decoder(self._kernel_spec, accumulate)(
-            os_, tail, nfull, nblocks, codes, scales, supers, e.dec, sc.dec, u.dec
+            os_, tail, nfull, nblocks, codes, scales, supers, self._kernel_args[0]
         )
         if nblocks > nfull:
             os_[cut:] = tail[: n - cut]
         return out
+
+    def recompress(
+        self,
+        payload: Payload,
+        acc: torch.Tensor,
+        *,
+        writeback: str = "none",
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        stream: tuple[int, ...] = (),
+        index_offset: int = 0,
+        out: torch.Tensor | None = None,
+    ) -> Payload:
+        """Fused decompress–accumulate–recompress: ``encode(acc + decode(payload))``.
+
+        One pass per block: the incoming payload is decoded and added to ``acc`` (float32, in
+        this order), and the partial sum is re-encoded with fresh scales at the same widths.
+
+        Args:
+            payload: Incoming payload of ``acc.numel()`` coordinates (this quantizer's).
+            acc: float32[n] local contribution (contiguous, CPU).
+            writeback: What ``acc`` holds afterwards: ``"none"`` (unchanged), ``"sum"`` (the
+                partial sum) or ``"decoded"`` (``decode`` of the returned payload, as a sink
+                keeps so that its result equals what every other rank will decode).
+            seed, rank, world_size, stream, index_offset, out: as in :meth:`encode`.
+
+        Returns:
+            The outgoing :class:`Payload`. Equivalent to
+            ``encode(acc + decode(payload), ...)`` bit for bit.
+        """
+        modes = {"none": 0, "sum": 1, "decoded": 2}
+        if writeback not in modes:
+            raise ValueError(f"writeback must be one of {tuple(modes)}, got {writeback!r}")
+        if payload.quantizer != self:
+            raise ValueError("payload was written by a different quantizer")
+        if (
+            not isinstance(acc, torch.Tensor)
+            or acc.dtype != torch.float32
+            or acc.device.type != "cpu"
+            or not acc.is_contiguous()
+            or acc.numel() != payload.n
+        ):
+            raise ValueError(f"acc must be a contiguous CPU float32 tensor of {payload.n} elements")
+        n = payload.n
+        rand = self._rand(seed, rank, world_size, stream, index_offset)
+        size = self.nbytes(n)
+        if out is None:
+            out = torch.empty(size, dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
+        result = Payload(self, n, out)
+        a = acc.numpy()
+        nfull, nblocks, tail = self._split(n)
+        cut = nfull * self.block_size
+        if nblocks > nfull:
+            tail[: n - cut] = a[cut:]
+        tables, consts = self._kernel_args
+        codec.recompressor(self._kernel_spec, modes[writeback])(
+            a, tail, nfull, nblocks, *payload.sections(), *result.sections(), tables, consts, rand
+        )
+        if nblocks > nfull and writeback != "none":
+            a[cut:] = tail[: n - cut]
+        return result
 
     def roundtrip(self, x: torch.Tensor, **kw: object) -> torch.Tensor:
         """``decode(encode(x, **kw))``: the quantized value of ``x`` (float32)."""
