@@ -226,7 +226,8 @@ class BlockQuantizer:
         """The ``tables`` and ``consts`` tuples every generated kernel takes."""
         e, s, u = self._elem_tables, self._scale_tables, self._super_tables
         tables = (e.search, e.lut, e.dec, s.search, s.dec, u.search, u.dec)
-        consts = (s.nfin, s.logp, s.nan, self._scale_divisor, u.nfin, u.logp, u.nan)
+        consts = (s.nfin, s.logp, s.nan, self._scale_divisor, u.nfin, u.logp, u.nan,
+                  e.nfin, e.lshift, e.lkey0, len(e.lut))
         return tables, consts
 
     @cached_property
@@ -239,14 +240,17 @@ class BlockQuantizer:
     # ---- encode / decode ---------------------------------------------------------------------
     @cached_property
     def _kernel_spec(self) -> codec.KernelSpec:
-        e, sc, u = self._elem_tables, self._scale_tables, self._super_tables
+        sc, u = self._scale_tables, self._super_tables
         return codec.KernelSpec(
-            bits=self.element.bits, mbits=self.element.magnitude_bits, enfin=e.nfin,
-            lshift=e.lshift, lkey0=e.lkey0, llen=len(e.lut), emode=_MODE[self.rounding],
+            bits=self.element.bits, mbits=self.element.magnitude_bits, emode=_MODE[self.rounding],
             group=self.group_size,
             block=self.block_size, hier=self.super_group_size is not None, skind=sc.kind,
             sbytes=sc.nbytes, smode=_SMODE[self.scale_rounding], ukind=u.kind, ubytes=u.nbytes,
         )
+
+    @property
+    def _kernels(self):
+        return codec.kernels(self._kernel_spec)
 
     def _rand(self, seed, rank, world_size, stream, index_offset) -> tuple:
         if not 0 <= rank < world_size:
@@ -319,9 +323,7 @@ class BlockQuantizer:
             tail[: n - nfull * self.block_size] = xs[nfull * self.block_size :]
         tables, consts = self._kernel_args
         rand = self._rand(seed, rank, world_size, stream, index_offset)
-        codec.encoder(self._kernel_spec)(
-            xs, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand
-        )
+        self._kernels.encode(xs, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand)
         return payload
 
     def decode(
@@ -352,8 +354,9 @@ class BlockQuantizer:
         cut = nfull * self.block_size
         if accumulate and nblocks > nfull:
             tail[: n - cut] = os_[cut:]
-        codec.decoder(self._kernel_spec, accumulate)(
-            os_, tail, nfull, nblocks, codes, scales, supers, self._kernel_args[0]
+        self._kernels.decode(
+            os_, tail, nfull, nblocks, codes, scales, supers, self._kernel_args[0],
+            bool(accumulate),
         )
         if nblocks > nfull:
             os_[cut:] = tail[: n - cut]
@@ -416,8 +419,9 @@ class BlockQuantizer:
         if nblocks > nfull:
             tail[: n - cut] = a[cut:]
         tables, consts = self._kernel_args
-        codec.recompressor(self._kernel_spec, modes[writeback])(
-            a, tail, nfull, nblocks, *payload.sections(), *result.sections(), tables, consts, rand
+        self._kernels.recompress(
+            a, tail, nfull, nblocks, *payload.sections(), *result.sections(), tables, consts,
+            rand, modes[writeback],
         )
         if nblocks > nfull and writeback != "none":
             a[cut:] = tail[: n - cut]

@@ -15,15 +15,22 @@ that other backends reproduce bit for bit:
 * A block containing NaN/Inf gets its top-level scale set to the scale format's NaN code, so the
   whole block decodes to NaN: non-finite input is never silently made finite.
 
-Kernels are *generated*: :func:`encoder` and :func:`decoder` specialise one generic body on the
-quantizer's compile-time parameters (code width, rounding modes, table sizes, group sizes), so
-the inner loops are branch-free and vectorisable and a newly registered format needs no kernel
-code. Each piece of maths is one device function below.
+Kernels are *specialised*: each takes the quantizer's compile-time parameters packed into one
+integer (:class:`KernelSpec`) that Numba compiles as a literal, so the inner loops see constant
+code widths, rounding modes and group sizes; a newly registered format needs no kernel code
+(its tables are runtime arrays). Each piece of maths is one device function below.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
 import numba as nb
@@ -43,23 +50,31 @@ KIND_FP32 = 1
 
 
 class KernelSpec(NamedTuple):
-    """Compile-time parameters of a generated codec kernel (one compiled variant each)."""
+    """Compile-time parameters of the block kernels: one generated, disk-cached variant each.
 
-    bits: int  # element code width
+    Everything else about a format (its magnitude, decode and lookup tables, the scale
+    divisor) is a runtime argument, so formats of the same width share a compiled kernel.
+    """
+
+    bits: int  # element code width, 1-16
     mbits: int  # element magnitude bits
-    enfin: int  # finite element magnitudes
-    lshift: int  # bucket LUT: key = (float32 bits of a) >> lshift
-    lkey0: int  # first key of the LUT
-    llen: int  # LUT length
     emode: int  # NEAREST | STOCHASTIC | CORRELATED
-    group: int  # G
-    block: int  # super-group size if hierarchical, else G
+    group: int  # G (power of two)
+    block: int  # super-group size if hierarchical, else G (power of two)
     hier: bool
-    skind: int
-    sbytes: int
+    skind: int  # group scale: KIND_TABLE | KIND_FP32
+    sbytes: int  # bytes per group scale code
     smode: int  # NEAREST | STOCHASTIC | UP | DOWN
-    ukind: int
-    ubytes: int
+    ukind: int  # super scale kind
+    ubytes: int  # bytes per super scale code
+
+    def tag(self) -> str:
+        """Readable, unique name of the variant (used for its generated module)."""
+        return (
+            f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
+            f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
+            f"_u{self.ukind}x{self.ubytes}"
+        )
 
 
 @nb.njit(inline="always", cache=True)
@@ -202,230 +217,75 @@ def absmax(src, start, count):
     return amax, chk != 0.0 or chk != chk
 
 
-def _group_bytes(spec: KernelSpec) -> int:
-    return spec.group * spec.bits // 8
-
-
-# Runtime arguments travel as three tuples so that every generated kernel has a short, uniform
-# signature (built by dynamiq.quantizers):
+# Runtime arguments travel as three tuples so that every kernel has a short, uniform signature
+# (built by dynamiq.quantizers):
 #   tables  = (etab, lut, edec, stab, sdec, utab, udec)       float32/int32 arrays
-#   consts  = (snfin, slogp, snan, sdiv, unfin, ulogp, unan)  scale-format scalars
+#   consts  = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen)
+#             scale-format scalars, then the element table size and its bucket lookup
 #   rand    = (k0, k1, p0, p1, q0, q1, rank, world, offset)   random-number keys and position
 
-
-@functools.cache
-def _device(spec: KernelSpec):
-    """Block-level device functions specialised on ``spec`` (shared by all kernels below)."""
-    bits, mbits, enfin, emode = spec.bits, spec.mbits, spec.enfin, spec.emode
-    lshift, lkey0, llen = spec.lshift, spec.lkey0, spec.llen
-    G, block, hier = spec.group, spec.block, spec.hier
-    skind, sbytes, smode, ukind, ubytes = (
-        spec.skind, spec.sbytes, spec.smode, spec.ukind, spec.ubytes
-    )
-    gpb = block // G
-    gbytes = _group_bytes(spec)
-    per = 8 // bits if 8 % bits == 0 else 0
-    cmask = np.uint64((1 << bits) - 1)
-
-    @nb.njit(inline="always", cache=True)
-    def code_at(src, i, inv, etab, lut, rand, gidx):
-        return element_code(src[i], inv, etab, enfin, lut, lshift, lkey0, llen, mbits, emode,
-                            rand[0], rand[1], rand[2], rand[3], rand[6], rand[7], gidx)
-
-    @nb.njit(inline="always", cache=True)
-    def encode_group(src, base, gidx0, inv, codes, cpos, etab, lut, rand):
-        if per > 0:
-            for k in range(gbytes):
-                acc = np.uint64(0)
-                for t in range(per):
-                    j = k * per + t
-                    acc |= code_at(src, base + j, inv, etab, lut, rand, gidx0 + j) << np.uint64(
-                        t * bits
-                    )
-                codes[cpos + k] = np.uint8(acc)
-        else:
-            acc = np.uint64(0)
-            nacc = 0
-            pos = cpos
-            for j in range(G):
-                acc |= code_at(src, base + j, inv, etab, lut, rand, gidx0 + j) << np.uint64(nacc)
-                nacc += bits
-                while nacc >= 8:
-                    codes[pos] = np.uint8(acc & np.uint64(0xFF))
-                    acc >>= np.uint64(8)
-                    nacc -= 8
-                    pos += 1
-
-    @nb.njit(cache=True)
-    def encode_block(src, base, b, codes, scales, supers, tables, consts, rand):
-        """Encode block ``b`` whose elements are ``src[base:base+block]``."""
-        etab, lut, _, stab, sdec, utab, udec = tables
-        snfin, slogp, snan, sdiv, unfin, ulogp, unan = consts
-        offset = rand[8]
-        parent = np.float32(1.0)
-        block_bad = False
-        if hier:
-            amax, block_bad = absmax(src, base, block)
-            if block_bad:
-                store_word(supers, b * ubytes, ubytes, unan)
-            else:
-                sc = encode_scale(amax / sdiv, ukind, utab, unfin, ulogp, UP, np.float32(0.0))
-                store_word(supers, b * ubytes, ubytes, sc)
-                parent = decode_scale(sc, ukind, udec)
-        for gi in range(gpb):
-            g = b * gpb + gi
-            gs = base + gi * G
-            gidx = offset + b * block + gi * G
-            if block_bad:
-                store_word(scales, g * sbytes, sbytes, 0)
-                for k in range(gbytes):
-                    codes[g * gbytes + k] = 0
-                continue
-            amax, bad = absmax(src, gs, G)
-            if bad:
-                store_word(scales, g * sbytes, sbytes, snan)
-                for k in range(gbytes):
-                    codes[g * gbytes + k] = 0
-                continue
-            sstar = amax / sdiv
-            us = np.float32(0.0)
-            if smode == STOCHASTIC:
-                us = uniform(rand[4], rand[5], gidx)
-            ratio = sstar
-            if hier:
-                ratio = np.float32(0.0) if parent == 0 else sstar / parent
-            sc = encode_scale(ratio, skind, stab, snfin, slogp, smode, us)
-            store_word(scales, g * sbytes, sbytes, sc)
-            s_hat = decode_scale(sc, skind, sdec)
-            if hier:
-                s_hat = parent * s_hat
-            # An unbiased (stochastic) scale pairs with the exact normaliser, so that
-            # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode uses.
-            norm = sstar if smode == STOCHASTIC else s_hat
-            inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / norm
-            encode_group(src, gs, gidx, inv, codes, g * gbytes, etab, lut, rand)
-
-    @nb.njit(inline="always", cache=True)
-    def put(dst, i, v, accumulate):
-        if accumulate:
-            dst[i] += v
-        else:
-            dst[i] = v
-
-    @nb.njit(cache=True)
-    def decode_block(dst, base, b, codes, scales, supers, tables, accumulate):
-        """Decode block ``b`` into ``dst[base:base+block]`` (``+=`` when ``accumulate``)."""
-        edec, sdec, udec = tables[2], tables[4], tables[6]
-        parent = np.float32(1.0)
-        if hier:
-            parent = decode_scale(load_word(supers, b * ubytes, ubytes), ukind, udec)
-        for gi in range(gpb):
-            g = b * gpb + gi
-            gs = base + gi * G
-            s = decode_scale(load_word(scales, g * sbytes, sbytes), skind, sdec)
-            if hier:
-                s = parent * s
-            cpos = g * gbytes
-            if per > 0:
-                for k in range(gbytes):
-                    byte = np.uint64(codes[cpos + k])
-                    for t in range(per):
-                        c = (byte >> np.uint64(t * bits)) & cmask
-                        put(dst, gs + k * per + t, element_value(c, edec, mbits, s), accumulate)
-            else:
-                acc = np.uint64(0)
-                nacc = 0
-                pos = cpos
-                for j in range(G):
-                    while nacc < bits:
-                        acc |= np.uint64(codes[pos]) << np.uint64(nacc)
-                        pos += 1
-                        nacc += 8
-                    put(dst, gs + j, element_value(acc & cmask, edec, mbits, s), accumulate)
-                    acc >>= np.uint64(bits)
-                    nacc -= bits
-
-    return encode_block, decode_block
+_TEMPLATE = Path(__file__).with_name("_blocks.py")
+_HEADER = re.compile(r"# --- spec ---\n.*?# --- end spec ---\n", re.S)
+_loaded: dict[KernelSpec, ModuleType] = {}
 
 
-@functools.cache
-def encoder(spec: KernelSpec):
-    """Generate the encode kernel for ``spec`` (compiled on first call, cached on disk).
+def kernel_cache_dir() -> Path:
+    """Where generated kernel modules (and Numba's compiled cache) live.
 
-    Signature ``(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand)``: ``x``
-    holds ``nfull`` whole blocks and ``tail`` the zero-padded partial last block (used when
-    ``nblocks > nfull``); codes, group scales and super scales are written.
+    ``$DYNAMIQ_KERNEL_CACHE`` if set, else ``~/.cache/dynamiq/kernels``, else a per-user
+    temporary folder when the home folder is not writable.
     """
-    encode_block, _ = _device(spec)
-    block = spec.block
+    env = os.environ.get("DYNAMIQ_KERNEL_CACHE")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path.home() / ".cache" / "dynamiq" / "kernels")
+    candidates.append(Path(tempfile.gettempdir()) / f"dynamiq-kernels-{os.getuid()}")
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    raise RuntimeError(f"no writable folder for generated kernels among {candidates}")
 
-    @nb.njit(parallel=True, cache=True)
-    def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand):
-        for b in nb.prange(nblocks):
-            if b < nfull:
-                encode_block(x, b * block, b, codes, scales, supers, tables, consts, rand)
-            else:
-                encode_block(tail, 0, b, codes, scales, supers, tables, consts, rand)
 
-    return encode
+def _source(spec: KernelSpec) -> str:
+    header = "# --- spec ---\n" + "".join(
+        f"{name.upper()} = {value!r}\n" for name, value in spec._asdict().items()
+    ) + "# --- end spec ---\n"
+    text = _TEMPLATE.read_text()
+    if not _HEADER.search(text):
+        raise RuntimeError(f"{_TEMPLATE} lost its spec markers")
+    return _HEADER.sub(lambda _: header, text, count=1)
 
 
-@functools.cache
-def decoder(spec: KernelSpec, accumulate: bool):
-    """Generate the decode kernel for ``spec``.
+def kernels(spec: KernelSpec) -> ModuleType:
+    """The block kernels specialised on ``spec``: ``encode``, ``decode``, ``recompress``.
 
-    Signature ``(out, tail, nfull, nblocks, codes, scales, supers, tables)``: whole blocks are
-    written to (or, with ``accumulate``, added in float32 to) ``out``; the partial last block to
-    ``tail`` (the caller pre-fills it when accumulating and copies its valid part back).
+    The template :mod:`dynamiq.kernels.numba._blocks` is instantiated with ``spec``'s values as
+    module constants (Numba compiles module globals as constants, so loops over groups unroll
+    and the packing scheme and rounding modes are resolved at compile time), written once to
+    :func:`kernel_cache_dir`, and imported; Numba's on-disk cache then makes later processes
+    skip compilation. A new format needs no kernel code: its tables are runtime arguments.
     """
-    _, decode_block = _device(spec)
-    block = spec.block
-
-    @nb.njit(parallel=True, cache=True)
-    def decode(out, tail, nfull, nblocks, codes, scales, supers, tables):
-        for b in nb.prange(nblocks):
-            if b < nfull:
-                decode_block(out, b * block, b, codes, scales, supers, tables, accumulate)
-            else:
-                decode_block(tail, 0, b, codes, scales, supers, tables, accumulate)
-
-    return decode
-
-
-@functools.cache
-def recompressor(spec: KernelSpec, writeback: int):
-    """Generate the fused ``decompress_accumulate_recompress`` kernel for ``spec``.
-
-    Signature ``(acc, tail, nfull, nblocks, in_codes, in_scales, in_supers, codes, scales,
-    supers, tables, consts, rand)``. Per block, in one pass: ``t = acc + decode(in)`` (float32),
-    then ``encode(t)`` with fresh scales into ``codes/scales/supers``. ``writeback`` chooses what
-    ``acc`` holds afterwards: 0 unchanged, 1 the sum ``t``, 2 ``decode(encode(t))`` (what a sink
-    keeps so that it matches the bytes it sends). The block is staged in a small scratch buffer.
-    """
-    encode_block, decode_block = _device(spec)
-    block = spec.block
-
-    @nb.njit(cache=True)
-    def hop_block(src, base, b, ic, isc, isu, codes, scales, supers, tables, consts, rand):
-        t = np.empty(block, np.float32)
-        for j in range(block):
-            t[j] = src[base + j]
-        decode_block(t, 0, b, ic, isc, isu, tables, True)
-        encode_block(t, 0, b, codes, scales, supers, tables, consts, rand)
-        if writeback == 1:
-            for j in range(block):
-                src[base + j] = t[j]
-        elif writeback == 2:
-            decode_block(src, base, b, codes, scales, supers, tables, False)
-
-    @nb.njit(parallel=True, cache=True)
-    def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, tables,
-                   consts, rand):
-        for b in nb.prange(nblocks):
-            if b < nfull:
-                hop_block(acc, b * block, b, ic, isc, isu, codes, scales, supers, tables,
-                          consts, rand)
-            else:
-                hop_block(tail, 0, b, ic, isc, isu, codes, scales, supers, tables, consts, rand)
-
-    return recompress
+    mod = _loaded.get(spec)
+    if mod is not None:
+        return mod
+    src = _source(spec)
+    digest = hashlib.sha1(src.encode()).hexdigest()[:10]
+    name = f"dq_{spec.tag()}_{digest}"
+    path = kernel_cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != src:
+        # write-then-rename, so concurrent processes never import a half-written file and the
+        # file's timestamp (part of Numba's cache key) stays stable once written
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src)
+        os.replace(tmp, path)
+    modname = f"dynamiq._generated.{name}"
+    loader_spec = importlib.util.spec_from_file_location(modname, path)
+    assert loader_spec is not None and loader_spec.loader is not None
+    mod = importlib.util.module_from_spec(loader_spec)
+    sys.modules[modname] = mod
+    loader_spec.loader.exec_module(mod)
+    _loaded[spec] = mod
+    return mod

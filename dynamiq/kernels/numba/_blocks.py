@@ -1,0 +1,223 @@
+"""Template of the block-level Numba kernels (encode, decode, fused recompress).
+
+:func:`dynamiq.kernels.numba.codec.kernels` instantiates this file once per
+:class:`~dynamiq.kernels.numba.codec.KernelSpec`, replacing the constants between the spec
+markers; importing it directly gives the variant below (8-bit elements, groups of 32), which is
+what linters and readers see. Numba compiles module constants as literals, so every branch on
+them below is resolved at compile time.
+
+Runtime arguments (see ``codec.py``): ``tables``, ``consts``, ``rand`` tuples; byte streams
+``codes``, ``scales``, ``supers``; whole blocks live in ``x``/``out``/``acc`` and the partial last
+block (if any) in ``tail``.
+"""
+
+import numba as nb
+import numpy as np
+
+from dynamiq.kernels.numba.codec import (
+    STOCHASTIC,
+    UP,
+    absmax,
+    decode_scale,
+    element_code,
+    element_value,
+    encode_scale,
+    load_word,
+    store_word,
+    uniform,
+)
+
+# --- spec ---
+BITS = 8
+MBITS = 7
+EMODE = 0
+GROUP = 32
+BLOCK = 32
+HIER = False
+SKIND = 0
+SBYTES = 1
+SMODE = 2
+UKIND = 0
+UBYTES = 1
+# --- end spec ---
+
+GPB = BLOCK // GROUP  # groups per block
+GBYTES = GROUP * BITS // 8  # code bytes per group
+PER = 8 // BITS if 8 % BITS == 0 else 0  # codes per byte when codes do not straddle bytes
+CMASK = np.uint64((1 << BITS) - 1)
+CHUNK = max(1, 4096 // BLOCK)  # blocks per parallel task (amortises scratch allocation)
+
+
+@nb.njit(cache=True)
+def encode_group(src, base, gidx0, inv, codes, cpos, tables, consts, rand):
+    """Code ``src[base:base+GROUP]`` (normalised by ``inv``); pack them at ``codes[cpos:]``."""
+    etab, lut = tables[0], tables[1]
+    enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
+    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    if PER > 0:
+        for k in range(GBYTES):
+            acc = np.uint64(0)
+            for t in range(PER):
+                j = k * PER + t
+                c = element_code(src[base + j], inv, etab, enfin, lut, lshift, lkey0, llen,
+                                 MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+                acc |= c << np.uint64(t * BITS)
+            codes[cpos + k] = np.uint8(acc)
+    else:
+        acc = np.uint64(0)
+        nacc = 0
+        pos = cpos
+        for j in range(GROUP):
+            c = element_code(src[base + j], inv, etab, enfin, lut, lshift, lkey0, llen,
+                             MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+            acc |= c << np.uint64(nacc)
+            nacc += BITS
+            while nacc >= 8:
+                codes[pos] = np.uint8(acc & np.uint64(0xFF))
+                acc >>= np.uint64(8)
+                nacc -= 8
+                pos += 1
+
+
+@nb.njit(cache=True)
+def encode_block(src, base, b, codes, scales, supers, tables, consts, rand):
+    """Encode block ``b`` whose elements are ``src[base:base+BLOCK]`` (scales, then codes)."""
+    stab, sdec, utab, udec = tables[3], tables[4], tables[5], tables[6]
+    snfin, slogp, snan, sdiv, unfin, ulogp, unan = consts[:7]
+    offset = rand[8]
+    parent = np.float32(1.0)
+    block_bad = False
+    if HIER:
+        amax, block_bad = absmax(src, base, BLOCK)
+        if block_bad:
+            store_word(supers, b * UBYTES, UBYTES, unan)
+        else:
+            sc = encode_scale(amax / sdiv, UKIND, utab, unfin, ulogp, UP, np.float32(0.0))
+            store_word(supers, b * UBYTES, UBYTES, sc)
+            parent = decode_scale(sc, UKIND, udec)
+    for gi in range(GPB):
+        g = b * GPB + gi
+        gs = base + gi * GROUP
+        gidx = offset + b * BLOCK + gi * GROUP
+        if block_bad:
+            store_word(scales, g * SBYTES, SBYTES, 0)
+            for k in range(GBYTES):
+                codes[g * GBYTES + k] = 0
+            continue
+        amax, bad = absmax(src, gs, GROUP)
+        if bad:
+            store_word(scales, g * SBYTES, SBYTES, snan)
+            for k in range(GBYTES):
+                codes[g * GBYTES + k] = 0
+            continue
+        sstar = amax / sdiv
+        us = np.float32(0.0)
+        if SMODE == STOCHASTIC:
+            us = uniform(rand[4], rand[5], gidx)
+        ratio = sstar
+        if HIER:
+            ratio = np.float32(0.0) if parent == 0 else sstar / parent
+        sc = encode_scale(ratio, SKIND, stab, snfin, slogp, SMODE, us)
+        store_word(scales, g * SBYTES, SBYTES, sc)
+        s_hat = decode_scale(sc, SKIND, sdec)
+        if HIER:
+            s_hat = parent * s_hat
+        # An unbiased (stochastic) scale pairs with the exact normaliser, so that
+        # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode uses.
+        norm = sstar if SMODE == STOCHASTIC else s_hat
+        inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / norm
+        encode_group(src, gs, gidx, inv, codes, g * GBYTES, tables, consts, rand)
+
+
+@nb.njit(cache=True)
+def decode_block(dst, base, b, codes, scales, supers, tables):
+    """Decode block ``b`` into ``dst[base:base+BLOCK]``."""
+    edec, sdec, udec = tables[2], tables[4], tables[6]
+    parent = np.float32(1.0)
+    if HIER:
+        parent = decode_scale(load_word(supers, b * UBYTES, UBYTES), UKIND, udec)
+    for gi in range(GPB):
+        g = b * GPB + gi
+        gs = base + gi * GROUP
+        s = decode_scale(load_word(scales, g * SBYTES, SBYTES), SKIND, sdec)
+        if HIER:
+            s = parent * s
+        cpos = g * GBYTES
+        if PER > 0:
+            for k in range(GBYTES):
+                byte = np.uint64(codes[cpos + k])
+                for t in range(PER):
+                    c = (byte >> np.uint64(t * BITS)) & CMASK
+                    dst[gs + k * PER + t] = element_value(c, edec, MBITS, s)
+        else:
+            acc = np.uint64(0)
+            nacc = 0
+            pos = cpos
+            for j in range(GROUP):
+                while nacc < BITS:
+                    acc |= np.uint64(codes[pos]) << np.uint64(nacc)
+                    pos += 1
+                    nacc += 8
+                dst[gs + j] = element_value(acc & CMASK, edec, MBITS, s)
+                acc >>= np.uint64(BITS)
+                nacc -= BITS
+
+
+@nb.njit(parallel=True, cache=True)
+def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand):
+    """Encode ``nblocks`` blocks of ``x`` (the last, if partial, from the padded ``tail``)."""
+    for b in nb.prange(nblocks):
+        if b < nfull:
+            encode_block(x, b * BLOCK, b, codes, scales, supers, tables, consts, rand)
+        else:
+            encode_block(tail, 0, b, codes, scales, supers, tables, consts, rand)
+
+
+@nb.njit(parallel=True, cache=True)
+def decode(out, tail, nfull, nblocks, codes, scales, supers, tables, accumulate):
+    """Decode into ``out`` (``+=`` in float32 when ``accumulate``); partial block into ``tail``.
+
+    Accumulation decodes each block into a scratch first, so the add loop is branch-free.
+    """
+    nchunks = (nblocks + CHUNK - 1) // CHUNK
+    for c in nb.prange(nchunks):
+        t = np.empty(BLOCK, np.float32)
+        for b in range(c * CHUNK, min(nblocks, (c + 1) * CHUNK)):
+            full = b < nfull
+            base = b * BLOCK if full else 0
+            dst = out if full else tail
+            if accumulate:
+                decode_block(t, 0, b, codes, scales, supers, tables)
+                for j in range(BLOCK):
+                    dst[base + j] += t[j]
+            else:
+                decode_block(dst, base, b, codes, scales, supers, tables)
+
+
+@nb.njit(parallel=True, cache=True)
+def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, tables, consts,
+               rand, writeback):
+    """Fused ``decompress_accumulate_recompress``.
+
+    Per block, in one pass: ``t = acc + decode(in)`` (float32), then ``encode(t)`` with fresh
+    scales into ``codes/scales/supers``. ``writeback`` chooses what ``acc`` holds afterwards:
+    0 unchanged, 1 the sum ``t``, 2 ``decode(encode(t))`` (what a sink keeps so that it equals
+    what every receiver decodes).
+    """
+    nchunks = (nblocks + CHUNK - 1) // CHUNK
+    for c in nb.prange(nchunks):
+        t = np.empty(BLOCK, np.float32)
+        u = np.empty(BLOCK, np.float32)
+        for b in range(c * CHUNK, min(nblocks, (c + 1) * CHUNK)):
+            full = b < nfull
+            base = b * BLOCK if full else 0
+            src = acc if full else tail
+            decode_block(u, 0, b, ic, isc, isu, tables)
+            for j in range(BLOCK):
+                t[j] = src[base + j] + u[j]
+            encode_block(t, 0, b, codes, scales, supers, tables, consts, rand)
+            if writeback == 1:
+                for j in range(BLOCK):
+                    src[base + j] = t[j]
+            elif writeback == 2:
+                decode_block(src, base, b, codes, scales, supers, tables)
