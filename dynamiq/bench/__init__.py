@@ -1,0 +1,1 @@
+"""Benchmarks: measured on this machine, printed as tables, optionally saved as JSON."""

@@ -1,0 +1,156 @@
+"""The ``dynamiq`` command line: list components, quantize tensors, run benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["main"]
+
+
+def _synthetic_gradient(n: int, seed: int) -> torch.Tensor:
+    """A gradient-like vector: Gaussian entries whose scale varies log-normally per 256-block
+    (the paper's super-group norm model, simplified), so blocks span many orders of magnitude."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = -(-n // 256)
+    scale = torch.exp(torch.randn(blocks, generator=g) * 1.5 - 4.0).repeat_interleave(256)[:n]
+    return torch.randn(n, generator=g) * scale
+
+
+def _cmd_formats(args: argparse.Namespace) -> int:
+    from dynamiq import FORMATS, QUANTIZERS, TRANSFORMS
+
+    rows = []
+    print(f"{'format':<12} {'bits':>4}  description")
+    for name in FORMATS.names():
+        f = FORMATS[name]
+        print(f"{name:<12} {f.bits:>4}  {f.describe()}")
+        rows.append({"kind": "format", "name": name, "bits": f.bits, "about": f.describe()})
+    print(f"\n{'quantizer':<12} {'bits/coord':>10}  description (metadata included)")
+    for name in QUANTIZERS.names():
+        q = QUANTIZERS[name]
+        print(f"{name:<12} {q.bits_per_coord():>10.4g}  {q.describe()}")
+        rows.append({"kind": "quantizer", "name": name, "bits_per_coord": q.bits_per_coord(),
+                     "about": q.describe()})
+    print(f"\ntransforms: {', '.join(TRANSFORMS.names())}")
+    try:
+        from dynamiq.collectives.topology import TOPOLOGIES
+
+        print(f"topologies: {', '.join(TOPOLOGIES.names())}")
+    except ImportError:  # pragma: no cover - collectives are optional at this layer
+        pass
+    aliases = {**{f"{a}": t for a, t in FORMATS.aliases().items()},
+               **{f"{a}": t for a, t in QUANTIZERS.aliases().items()}}
+    print("aliases: " + ", ".join(f"{a}->{t}" for a, t in sorted(aliases.items())))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def _resolve_quantizer(name: str, rounding: str | None):
+    from dynamiq import FORMATS, QUANTIZERS, BlockQuantizer
+
+    if name in QUANTIZERS:
+        q = QUANTIZERS[name]
+        if rounding is not None:
+            q = BlockQuantizer(q.element, q.group_size, q.scale, rounding, q.scale_rounding,
+                               q.super_group_size, q.super_scale)
+        return q
+    if name in FORMATS:
+        # a bare element format: groups of 32 under a BF16 scale rounded up (no clipping)
+        return BlockQuantizer(name, group_size=32, scale="bf16", rounding=rounding or "nearest")
+    known = sorted(QUANTIZERS.names() + FORMATS.names())
+    raise SystemExit(f"unknown quantizer or format {name!r}; known: {', '.join(known)}")
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    q = _resolve_quantizer(args.format, args.rounding)
+    if args.input:
+        x = torch.from_numpy(np.load(args.input).astype(np.float32).reshape(-1).copy())
+        source = args.input
+    else:
+        x = _synthetic_gradient(args.n, args.seed)
+        source = f"synthetic gradient-like vector, n={args.n:,}, seed={args.seed}"
+    print(f"quantizer : {q.describe()}")
+    print(f"input     : {source}")
+    t0 = time.perf_counter()
+    p = q.encode(x, seed=args.seed)
+    t1 = time.perf_counter()
+    y = q.decode(p)
+    t2 = time.perf_counter()
+    xd, yd = x.double(), y.double()
+    fin = torch.isfinite(xd)
+    err = (yd - xd)[fin]
+    nmse = float((err**2).sum() / (xd[fin] ** 2).sum().clamp_min(1e-300))
+    print(f"bits/coord: {p.bits_per_coord:.4f}  ({p.nbytes:,} bytes for {p.n:,} coordinates, "
+          "metadata included)")
+    print(f"NMSE      : {nmse:.4e}   (||x_hat - x||^2 / ||x||^2)")
+    sqnr = -10 * np.log10(max(nmse, 1e-300))
+    print(f"max |err| : {float(err.abs().max()):.4e}   SQNR {sqnr:.2f} dB")
+    print(f"time      : encode {1e3 * (t1 - t0):.1f} ms, decode {1e3 * (t2 - t1):.1f} ms "
+          "(first call includes kernel compilation)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "quantizer": q.describe(), "n": p.n, "bits_per_coord": p.bits_per_coord,
+            "nmse": nmse, "max_abs_err": float(err.abs().max())}, indent=2))
+    return 0
+
+
+def _cmd_bench_codec(args: argparse.Namespace) -> int:
+    from dynamiq.bench import codec
+
+    names = tuple(args.quantizers.split(",")) if args.quantizers else codec.DEFAULT_QUANTIZERS
+    res = codec.run(n=args.n, quantizers=names, repeat=args.repeat)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``dynamiq`` command."""
+    p = argparse.ArgumentParser(prog="dynamiq", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("formats", help="list registered formats, quantizers, transforms")
+    f.add_argument("--json", help="also write the list to this JSON file")
+    f.set_defaults(func=_cmd_formats)
+
+    q = sub.add_parser("quantize", help="quantize a tensor and report error and bits")
+    q.add_argument("--format", default="dq4_hier",
+                   help="registered quantizer (e.g. mxfp8) or element format (e.g. e4m3)")
+    q.add_argument("--input", help=".npy file to quantize (flattened); default: synthetic")
+    q.add_argument("--n", type=int, default=1 << 20, help="length of the synthetic input")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--rounding", choices=["nearest", "stochastic", "correlated"])
+    q.add_argument("--json", help="write the results to this JSON file")
+    q.set_defaults(func=_cmd_quantize)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bc = bsub.add_parser("codec", help="Numba encode/decode throughput vs memory copy")
+    bc.add_argument("--n", type=int, default=1 << 24, help="coordinates per tensor")
+    bc.add_argument("--quantizers", help="comma-separated names (default: 4- and 8-bit set)")
+    bc.add_argument("--repeat", type=int, default=5)
+    bc.add_argument("--json", help="write the results to this JSON file")
+    bc.set_defaults(func=_cmd_bench_codec)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``dynamiq`` console command."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "n", 1) is not None and getattr(args, "n", 1) <= 0:
+        print("dynamiq: --n must be positive", file=sys.stderr)
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

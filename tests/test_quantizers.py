@@ -1,0 +1,237 @@
+"""Block quantizers: accounting, bad input, unbiasedness, correlated rounding, properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dynamiq import QUANTIZERS, BlockQuantizer, UnknownNameError
+from dynamiq.kernels import reference
+from dynamiq.testing import element_error_bound
+
+
+def _heavy(n: int, seed: int) -> np.ndarray:
+    rs = np.random.default_rng(seed)
+    return (rs.standard_normal(n) * np.exp(1.5 * rs.standard_normal(n))).astype(np.float32)
+
+
+# ---------------------------------------------------------------- accounting
+@pytest.mark.parametrize(
+    ("name", "bits"),
+    [("mxfp8", 8.25), ("mxfp6", 6.25), ("mxfp4", 4.25), ("nvfp4", 4.5), ("dq4_hier", 4.5625)],
+)
+def test_bits_per_coordinate(name, bits):
+    q = QUANTIZERS[name]
+    assert q.bits_per_coord() == bits
+    assert q.bits_per_coord(1024) == bits
+    p = q.encode(torch.randn(1000))
+    assert p.nbytes == q.nbytes(1000) and p.bits_per_coord == 8 * q.nbytes(1000) / 1000
+
+
+def test_payload_layout_sections():
+    q = QUANTIZERS["dq4_hier"]
+    p = q.encode(torch.randn(600))
+    codes, scales, supers = p.sections()
+    assert len(codes) == 768 * 4 // 8 and len(scales) == 768 // 16 and len(supers) == 3 * 2
+    assert sum(map(len, (codes, scales, supers))) == p.nbytes
+
+
+def test_half_precision_inputs_are_widened():
+    q = QUANTIZERS["mxfp8"]
+    x = torch.randn(100)
+    for dt in (torch.float16, torch.bfloat16):
+        xh = x.to(dt)
+        assert torch.equal(q.roundtrip(xh), q.roundtrip(xh.float()))
+
+
+def test_out_buffers_are_reused():
+    q = QUANTIZERS["mxfp4"]
+    x = torch.randn(333)
+    p = q.encode(x)
+    buf = torch.empty(q.nbytes(333), dtype=torch.uint8)
+    p2 = q.encode(x, out=buf)
+    assert p2.data.data_ptr() == buf.data_ptr() and torch.equal(p.data, buf)
+    y = torch.full((333,), 1.0)
+    q.decode(p, out=y, accumulate=True)
+    assert torch.allclose(y, q.decode(p) + 1.0)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("x", "exc", "match"),
+    [
+        (torch.randn(10, dtype=torch.float64), TypeError, "float64"),
+        (torch.arange(10), TypeError, "int64"),
+        (torch.randn(4, 4), ValueError, "1-D"),
+        (torch.randn(20)[::2], ValueError, "contiguous"),
+        (torch.empty(0), ValueError, "empty"),
+        (np.zeros(4, np.float32), TypeError, "torch.Tensor"),
+    ],
+)
+def test_bad_inputs(x, exc, match):
+    with pytest.raises(exc, match=match):
+        QUANTIZERS["mxfp8"].encode(x)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"group_size": 24}, "power of two"),
+        ({"group_size": 0}, "power of two"),
+        ({"element": "e2m1", "group_size": 1}, "multiple of 8"),
+        ({"rounding": "floor"}, "rounding"),
+        ({"scale_rounding": "sideways"}, "scale_rounding"),
+        ({"scale": "u8rel"}, "NaN"),
+        ({"super_group_size": 256}, "together"),
+        ({"super_group_size": 16, "super_scale": "bf16", "scale": "u8rel"}, ">= group_size"),
+        ({"super_group_size": 256, "super_scale": "bf16", "scale": "e8m0"}, r"\[0, 1\]"),
+        ({"element": "e8m0"}, "signed"),
+        ({"element": "nope"}, "unknown number format"),
+    ],
+)
+def test_invalid_quantizer_parameters(kwargs, match):
+    args = {"element": "e4m3", "group_size": 32, **kwargs}
+    with pytest.raises((ValueError, UnknownNameError), match=match):
+        BlockQuantizer(**args)
+
+
+def test_bad_rank_and_mismatched_payload():
+    q = QUANTIZERS["mxfp8"]
+    with pytest.raises(ValueError, match="rank"):
+        q.encode(torch.randn(8), rank=3, world_size=2)
+    p = QUANTIZERS["mxfp4"].encode(torch.randn(8))
+    with pytest.raises(ValueError, match="different quantizer"):
+        q.decode(p)
+    with pytest.raises(ValueError, match="out must be"):
+        q.encode(torch.randn(8), out=torch.empty(3, dtype=torch.uint8))
+    with pytest.raises(UnknownNameError, match="mxfp8"):
+        QUANTIZERS["mxfp9"]
+
+
+def test_nonfinite_blocks_decode_as_nan_everywhere_else_finite():
+    q = QUANTIZERS["dq4_hier"]
+    x = torch.randn(1024)
+    x[300] = float("inf")
+    y = q.roundtrip(x)
+    assert torch.isnan(y[256:512]).all()
+    assert torch.isfinite(y[:256]).all() and torch.isfinite(y[512:]).all()
+    q = QUANTIZERS["mxfp8"]
+    x[300] = float("nan")
+    y = q.roundtrip(x)
+    assert torch.isnan(y[288:320]).all() and torch.isfinite(y[:288]).all()
+
+
+# ---------------------------------------------------------------- unbiasedness
+def _bias_statistic(q: BlockQuantizer, x: np.ndarray, trials: int, **kw) -> tuple[float, float]:
+    """Global and worst per-group z-statistics of the mean error over independent encodes.
+
+    Errors are summed per group first (elements of a group share a stochastically rounded
+    scale, so only groups are independent). Under unbiasedness each group's mean error over
+    ``trials`` draws has standard error sqrt(var/trials), so both statistics are ~N(0, 1):
+    the global one exactly by the CLT, the per-group ones as the max of |N(0,1)| over groups.
+    """
+    G = q.group_size
+    xt = torch.from_numpy(x)
+    errs = []
+    for k in range(trials):
+        y = q.roundtrip(xt, seed=1000 + k, **kw).numpy().astype(np.float64)
+        errs.append((y - x).reshape(-1, G).sum(1))
+    e = np.array(errs)
+    mean, var = e.mean(0), e.var(0, ddof=1)
+    keep = var > 0
+    z_global = mean.sum() / np.sqrt(var.sum() / trials)
+    z_group = np.max(np.abs(mean[keep]) / np.sqrt(var[keep] / trials))
+    return float(z_global), float(z_group)
+
+
+UNBIASED = [n for n in QUANTIZERS.names() if QUANTIZERS[n].unbiased] + ["correlated_dq4"]
+
+
+@pytest.mark.parametrize("name", UNBIASED)
+def test_stochastic_quantizers_are_unbiased(name):
+    if name == "correlated_dq4":
+        q = BlockQuantizer("dq4", group_size=16, scale="u8rel", rounding="correlated",
+                           scale_rounding="stochastic", super_group_size=256, super_scale="bf16")
+        kw = {"rank": 3, "world_size": 8}
+    else:
+        q, kw = QUANTIZERS[name], {}
+    x = _heavy(2048, 5)
+    zg, zmax = _bias_statistic(q, x, 300, **kw)
+    # |N(0,1)| > 5 has probability 6e-7; the max over 128 groups exceeds 5.5 w.p. < 1e-5
+    assert abs(zg) < 5.0, (name, zg)
+    assert zmax < 5.5, (name, zmax)
+
+
+def test_bias_statistic_detects_a_biased_quantizer():
+    # stochastic elements under an OCP (round-down) scale saturate the largest values: biased
+    q = BlockQuantizer("e2m1", group_size=32, scale="e8m0", rounding="stochastic",
+                       scale_rounding="ocp")
+    assert not q.unbiased
+    zg, zmax = _bias_statistic(q, _heavy(2048, 5), 100)
+    assert abs(zg) > 10 or zmax > 10
+
+
+# ---------------------------------------------------------------- correlated rounding
+def _sum_error(q: BlockQuantizer, xs: list[np.ndarray], seed: int) -> float:
+    n = len(xs)
+    total = sum(x.astype(np.float64) for x in xs)
+    est = sum(
+        q.roundtrip(torch.from_numpy(x), seed=seed, rank=r, world_size=n).numpy().astype(
+            np.float64
+        )
+        for r, x in enumerate(xs)
+    )
+    return float(((est - total) ** 2).sum() / (total**2).sum())
+
+
+@pytest.mark.parametrize("scenario", ["identical", "correlated-gradients"])
+def test_correlated_rounding_lowers_sum_error(scenario, capsys):
+    n = 8
+    rs = np.random.default_rng(11)
+    g = rs.standard_normal(1 << 15).astype(np.float32)
+    if scenario == "identical":
+        xs = [g.copy() for _ in range(n)]
+    else:  # workers' gradients share a common part, as in data-parallel training
+        xs = [(g + 0.5 * rs.standard_normal(g.size)).astype(np.float32) for _ in range(n)]
+    kw = {"group_size": 32, "scale": "bf16", "scale_rounding": "up"}
+    sr = BlockQuantizer("dq4", rounding="stochastic", **kw)
+    cr = BlockQuantizer("dq4", rounding="correlated", **kw)
+    e_sr = np.mean([_sum_error(sr, xs, s) for s in range(4)])
+    e_cr = np.mean([_sum_error(cr, xs, s) for s in range(4)])
+    ratio = e_cr / e_sr
+    with capsys.disabled():
+        print(f"\n[correlated rounding, n={n}, {scenario}] vNMSE stochastic {e_sr:.3e} "
+              f"correlated {e_cr:.3e} ratio {ratio:.3f}")
+    assert ratio < (0.3 if scenario == "identical" else 0.9)
+
+
+# ---------------------------------------------------------------- properties
+PROPERTY_QUANTIZERS = ["mxfp8", "nvfp4", "dq4_hier", "int8_sr"]
+
+
+@given(
+    name=st.sampled_from(PROPERTY_QUANTIZERS),
+    data=st.lists(
+        st.floats(-2.0**100, 2.0**100, allow_nan=False, width=32)
+        | st.sampled_from([0.0, -0.0, 1e-40, -3e-39, 448.0, 1.0]),
+        min_size=1,
+        max_size=700,
+    ),
+    scale_exp=st.integers(-60, 60),
+    seed=st.integers(0, 2**32),
+    offset=st.integers(0, 2**33),
+)
+def test_kernel_matches_reference_and_error_bound(name, data, scale_exp, seed, offset):
+    q = QUANTIZERS[name]
+    x = (np.array(data, np.float32) * np.float32(2.0**scale_exp)).astype(np.float32)
+    x = np.where(np.isfinite(x), x, 0).astype(np.float32)
+    kw = {"seed": seed, "rank": 0, "world_size": 1, "index_offset": offset}
+    p = q.encode(torch.from_numpy(x), **kw)
+    ref, scales = reference.encode(q, x, **kw)
+    assert np.array_equal(p.data.numpy(), ref)
+    y = q.decode(p).numpy().astype(np.float64)
+    err = np.abs(y - x)
+    assert np.all(err <= element_error_bound(q, x, scales))
