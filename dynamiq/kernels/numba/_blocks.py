@@ -48,29 +48,34 @@ CMASK = np.uint64((1 << BITS) - 1)
 CHUNK = max(1, 4096 // BLOCK)  # blocks per parallel task (amortises scratch allocation)
 
 
-@nb.njit(cache=True)
-def encode_group(src, base, gidx0, inv, codes, cpos, tables, consts, rand):
-    """Code ``src[base:base+GROUP]`` (normalised by ``inv``); pack them at ``codes[cpos:]``."""
+@nb.njit(inline="always", cache=True)
+def encode_group(src, base, gidx0, inv, codes, cpos, tables, consts, rand, cb):
+    """Code ``src[base:base+GROUP]`` (normalised by ``inv``); pack them at ``codes[cpos:]``.
+
+    Codes are first computed into the scratch ``cb`` by a loop free of loop-carried state (so
+    the compiler can vectorise it, gathers included), then packed.
+    """
     etab, lut = tables[0], tables[1]
     enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-    if PER > 0:
+    for j in range(GROUP):
+        cb[j] = element_code(src[base + j], inv, etab, enfin, lut, lshift, lkey0, llen,
+                             MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+    if PER == 1:
+        for k in range(GROUP):
+            codes[cpos + k] = np.uint8(cb[k])
+    elif PER > 1:
         for k in range(GBYTES):
-            acc = np.uint64(0)
+            acc = np.uint32(0)
             for t in range(PER):
-                j = k * PER + t
-                c = element_code(src[base + j], inv, etab, enfin, lut, lshift, lkey0, llen,
-                                 MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-                acc |= c << np.uint64(t * BITS)
+                acc |= cb[k * PER + t] << np.uint32(t * BITS)
             codes[cpos + k] = np.uint8(acc)
     else:
         acc = np.uint64(0)
         nacc = 0
         pos = cpos
         for j in range(GROUP):
-            c = element_code(src[base + j], inv, etab, enfin, lut, lshift, lkey0, llen,
-                             MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-            acc |= c << np.uint64(nacc)
+            acc |= np.uint64(cb[j]) << np.uint64(nacc)
             nacc += BITS
             while nacc >= 8:
                 codes[pos] = np.uint8(acc & np.uint64(0xFF))
@@ -80,7 +85,7 @@ def encode_group(src, base, gidx0, inv, codes, cpos, tables, consts, rand):
 
 
 @nb.njit(cache=True)
-def encode_block(src, base, b, codes, scales, supers, tables, consts, rand):
+def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb):
     """Encode block ``b`` whose elements are ``src[base:base+BLOCK]`` (scales, then codes)."""
     stab, sdec, utab, udec = tables[3], tables[4], tables[5], tables[6]
     snfin, slogp, snan, sdiv, unfin, ulogp, unan = consts[:7]
@@ -126,7 +131,7 @@ def encode_block(src, base, b, codes, scales, supers, tables, consts, rand):
         # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode uses.
         norm = sstar if SMODE == STOCHASTIC else s_hat
         inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / norm
-        encode_group(src, gs, gidx, inv, codes, g * GBYTES, tables, consts, rand)
+        encode_group(src, gs, gidx, inv, codes, g * GBYTES, tables, consts, rand, cb)
 
 
 @nb.njit(cache=True)
@@ -166,11 +171,15 @@ def decode_block(dst, base, b, codes, scales, supers, tables):
 @nb.njit(parallel=True, cache=True)
 def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand):
     """Encode ``nblocks`` blocks of ``x`` (the last, if partial, from the padded ``tail``)."""
-    for b in nb.prange(nblocks):
-        if b < nfull:
-            encode_block(x, b * BLOCK, b, codes, scales, supers, tables, consts, rand)
-        else:
-            encode_block(tail, 0, b, codes, scales, supers, tables, consts, rand)
+    nchunks = (nblocks + CHUNK - 1) // CHUNK
+    for c in nb.prange(nchunks):
+        cb = np.empty(GROUP, np.uint32)
+        # int64 block indices throughout, so each device function compiles once
+        for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
+            if b < nfull:
+                encode_block(x, b * BLOCK, b, codes, scales, supers, tables, consts, rand, cb)
+            else:
+                encode_block(tail, b - b, b, codes, scales, supers, tables, consts, rand, cb)
 
 
 @nb.njit(parallel=True, cache=True)
@@ -182,12 +191,12 @@ def decode(out, tail, nfull, nblocks, codes, scales, supers, tables, accumulate)
     nchunks = (nblocks + CHUNK - 1) // CHUNK
     for c in nb.prange(nchunks):
         t = np.empty(BLOCK, np.float32)
-        for b in range(c * CHUNK, min(nblocks, (c + 1) * CHUNK)):
+        for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
             full = b < nfull
-            base = b * BLOCK if full else 0
+            base = b * BLOCK if full else b - b
             dst = out if full else tail
             if accumulate:
-                decode_block(t, 0, b, codes, scales, supers, tables)
+                decode_block(t, b - b, b, codes, scales, supers, tables)
                 for j in range(BLOCK):
                     dst[base + j] += t[j]
             else:
@@ -208,14 +217,15 @@ def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, t
     for c in nb.prange(nchunks):
         t = np.empty(BLOCK, np.float32)
         u = np.empty(BLOCK, np.float32)
-        for b in range(c * CHUNK, min(nblocks, (c + 1) * CHUNK)):
+        cb = np.empty(GROUP, np.uint32)
+        for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
             full = b < nfull
-            base = b * BLOCK if full else 0
+            base = b * BLOCK if full else b - b
             src = acc if full else tail
-            decode_block(u, 0, b, ic, isc, isu, tables)
+            decode_block(u, b - b, b, ic, isc, isu, tables)
             for j in range(BLOCK):
                 t[j] = src[base + j] + u[j]
-            encode_block(t, 0, b, codes, scales, supers, tables, consts, rand)
+            encode_block(t, b - b, b, codes, scales, supers, tables, consts, rand, cb)
             if writeback == 1:
                 for j in range(BLOCK):
                     src[base + j] = t[j]

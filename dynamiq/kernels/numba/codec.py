@@ -157,15 +157,15 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx):
 @nb.njit(inline="always", cache=True)
 def element_code(v, inv, etab, enfin, lut, lshift, lkey0, llen, mbits, emode,
                  k0, k1, p0, p1, rank, world, gidx):
-    """Sign-magnitude code of ``v`` normalised by ``inv`` (the quantizer's element maths)."""
+    """Sign-magnitude code (uint32) of ``v`` normalised by ``inv`` (the element maths)."""
     a = abs(v) * inv
     u = np.float32(0.0)
     if emode != NEAREST:
         u = draw_uniform(emode, k0, k1, p0, p1, rank, world, gidx)
     lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
     m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
-    sign = np.uint64(np.float32(v).view(np.uint32) >> np.uint32(31))
-    return np.uint64(m) | (sign << np.uint64(mbits))
+    sign = np.float32(v).view(np.uint32) >> np.uint32(31)
+    return np.uint32(m) | (sign << np.uint32(mbits))
 
 
 @nb.njit(inline="always", cache=True)
