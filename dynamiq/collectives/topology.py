@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
-import typing
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields, replace
 from functools import cached_property
 
 from dynamiq.registry import Registry
+from dynamiq.spec import build
 
 __all__ = [
     "PHASES",
@@ -797,64 +796,6 @@ class Hierarchical(Topology):
 # ---- spec strings -------------------------------------------------------------------------------
 
 
-def _split_top_level(body: str, spec: str) -> list[str]:
-    """Split ``body`` at commas outside parentheses, so nested specs stay whole."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(body):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced parentheses in topology spec {spec!r}")
-        elif ch == "," and depth == 0:
-            parts.append(body[start:i])
-            start = i + 1
-    if depth:
-        raise ValueError(f"unbalanced parentheses in topology spec {spec!r}")
-    parts.append(body[start:])
-    return parts
-
-
-def _parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    text = "".join(spec.split())
-    if not text:
-        raise ValueError("empty topology spec")
-    name, paren, rest = text.partition("(")
-    if not paren:
-        return name, {}
-    if not rest.endswith(")"):
-        raise ValueError(f"malformed topology spec {spec!r}: expected name(key=value,...)")
-    params: dict[str, str] = {}
-    body = rest[:-1]
-    for item in _split_top_level(body, spec) if body else []:
-        key, eq, value = item.partition("=")
-        if not (eq and key and value):
-            raise ValueError(
-                f"malformed parameter {item!r} in topology spec {spec!r}: expected key=value"
-            )
-        if key in params:
-            raise ValueError(f"parameter {key!r} given twice in topology spec {spec!r}")
-        params[key] = value
-    return name, params
-
-
-def _coerce(cls: type[Topology], key: str, raw: str, spec: str) -> object:
-    hint = typing.get_type_hints(cls).get(key, str)
-    if hint is int:
-        if not re.fullmatch(r"[+-]?\d+", raw):
-            raise ValueError(f"topology spec {spec!r}: {key} must be an integer, got {raw!r}")
-        return int(raw)
-    if hint is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ValueError(
-                f"topology spec {spec!r}: {key} must be a number, got {raw!r}"
-            ) from None
-    return raw
-
-
 def get_topology(spec: str | Topology) -> Topology:
     """Return ``spec`` itself, or the topology a spec string describes.
 
@@ -872,24 +813,4 @@ def get_topology(spec: str | Topology) -> Topology:
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"expected a Topology or a spec string, got {type(spec).__name__}")
-    name, raw = _parse_spec(spec)
-    cls = TOPOLOGIES.get(name)
-    params = {f.name: f for f in fields(cls) if f.init}
-    unknown = sorted(set(raw) - set(params))
-    if unknown:
-        raise ValueError(
-            f"topology {name!r} has no parameter {', '.join(map(repr, unknown))}; accepted: "
-            f"{', '.join(params) or 'none'}"
-        )
-    missing = [
-        k
-        for k, f in params.items()
-        if f.default is MISSING and f.default_factory is MISSING and k not in raw
-    ]
-    if missing:
-        example = ",".join(f"{k}=..." for k in missing)
-        raise ValueError(
-            f"topology {name!r} needs parameter {', '.join(map(repr, missing))}, "
-            f"e.g. {name}({example})"
-        )
-    return cls(**{k: _coerce(cls, k, v, spec) for k, v in raw.items()})
+    return build(TOPOLOGIES, spec, "topology")
