@@ -3,6 +3,18 @@
 The public API is re-exported here; everything else is an implementation detail.
 """
 
+from dynamiq.codecs import CODECS, HopContext, PartialSumCodec, Passthrough, Requant, get_codec
+from dynamiq.collectives.simulator import SimulationResult, simulate
+from dynamiq.collectives.topology import (
+    TOPOLOGIES,
+    Butterfly,
+    Hierarchical,
+    Ring,
+    Schedule,
+    Topology,
+    Transfer,
+    get_topology,
+)
 from dynamiq.formats import (
     FORMATS,
     EpsilonFormat,
@@ -13,6 +25,7 @@ from dynamiq.formats import (
     NumberFormat,
     resolve_format,
 )
+from dynamiq.pipeline import PIPELINES, Pipeline, get_pipeline
 from dynamiq.quantizers import QUANTIZERS, BlockQuantizer, Payload, get_quantizer
 from dynamiq.registry import DuplicateNameError, Registry, UnknownNameError
 from dynamiq.transforms import TRANSFORMS, Identity, RandomizedHadamard, Transform
@@ -20,24 +33,43 @@ from dynamiq.transforms import TRANSFORMS, Identity, RandomizedHadamard, Transfo
 __version__ = "0.1.0"
 
 __all__ = [
+    "CODECS",
     "FORMATS",
+    "PIPELINES",
     "QUANTIZERS",
+    "TOPOLOGIES",
     "TRANSFORMS",
     "BlockQuantizer",
+    "Butterfly",
     "DuplicateNameError",
     "EpsilonFormat",
     "Float32Format",
     "FloatFormat",
+    "Hierarchical",
+    "HopContext",
     "Identity",
     "IntFormat",
     "LevelFormat",
     "NumberFormat",
+    "PartialSumCodec",
+    "Passthrough",
     "Payload",
+    "Pipeline",
     "RandomizedHadamard",
     "Registry",
+    "Requant",
+    "Ring",
+    "Schedule",
+    "SimulationResult",
+    "Topology",
+    "Transfer",
     "Transform",
     "UnknownNameError",
     "__version__",
+    "get_codec",
+    "get_pipeline",
     "get_quantizer",
+    "get_topology",
     "resolve_format",
+    "simulate",
 ]
