@@ -113,6 +113,21 @@ def _cmd_bench_codec(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
+    from dynamiq.bench import allreduce
+
+    res = allreduce.run(
+        world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
+        sizes_mb=tuple(float(v) for v in args.sizes_mb.split(",")),
+        pipeline=args.pipeline,
+        repeat=args.repeat,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
     p = argparse.ArgumentParser(prog="dynamiq", description=__doc__)
@@ -134,12 +149,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
-    bc = bsub.add_parser("codec", help="Numba encode/decode throughput vs memory copy")
+    bc = bsub.add_parser(
+        "codec", aliases=["kernels"],
+        help="Numba encode, decode and fused decompress-accumulate-recompress throughput "
+             "vs memory copy",
+    )
     bc.add_argument("--n", type=int, default=1 << 24, help="coordinates per tensor")
     bc.add_argument("--quantizers", help="comma-separated names (default: 4- and 8-bit set)")
     bc.add_argument("--repeat", type=int, default=5)
     bc.add_argument("--json", help="write the results to this JSON file")
     bc.set_defaults(func=_cmd_bench_codec)
+
+    ba = bsub.add_parser("allreduce",
+                         help="dynamiq.all_reduce vs torch.distributed.all_reduce on loopback")
+    ba.add_argument("--world-sizes", default="2,4", help="comma-separated, e.g. 2,4")
+    ba.add_argument("--sizes-mb", default="1,4,16,64", help="tensor sizes in MB (float32)")
+    ba.add_argument("--pipeline", default="passthrough-fp32")
+    ba.add_argument("--repeat", type=int, default=3)
+    ba.add_argument("--json", help="write the results to this JSON file")
+    ba.set_defaults(func=_cmd_bench_allreduce)
     return p
 
 

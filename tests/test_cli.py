@@ -1,0 +1,57 @@
+"""The dynamiq command line: every command runs and reports what it measured."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dynamiq.cli import main
+
+
+def test_formats_lists_every_registered_component(capsys, tmp_path):
+    from dynamiq import FORMATS, QUANTIZERS
+
+    out = tmp_path / "f.json"
+    assert main(["formats", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in FORMATS.names() + QUANTIZERS.names():
+        assert name in text
+    rows = json.loads(out.read_text())
+    mx = next(r for r in rows if r["name"] == "mxfp8")
+    assert mx["bits_per_coord"] == 8.25
+
+
+def test_quantize_synthetic_and_file(capsys, tmp_path):
+    out = tmp_path / "q.json"
+    assert main(["quantize", "--format", "mxfp8", "--n", "4096", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["bits_per_coord"] == 8.25 and 0 < res["nmse"] < 1e-2
+    arr = tmp_path / "x.npy"
+    np.save(arr, np.linspace(-1, 1, 1000, dtype=np.float32).reshape(10, 100))
+    assert main(["quantize", "--format", "e2m1", "--input", str(arr),
+                 "--rounding", "stochastic"]) == 0
+    assert "bits/coord" in capsys.readouterr().out
+
+
+def test_quantize_unknown_name():
+    with pytest.raises(SystemExit, match="unknown quantizer or format"):
+        main(["quantize", "--format", "e9m9"])
+
+
+def test_bench_codec_reports_ratios(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "kernels", "--n", "65536", "--quantizers", "mxfp8,dq4_hier",
+                 "--repeat", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["copy_gbps"] > 0 and len(res["rows"]) == 2
+    for r in res["rows"]:
+        for k in ("encode", "decode", "recompress"):
+            assert r[f"{k}_gbps"] > 0
+            assert r[f"{k}_vs_copy"] == pytest.approx(r[f"{k}_gbps"] / res["copy_gbps"])
+    assert "memory copy" in capsys.readouterr().out
+
+
+def test_bad_n():
+    assert main(["quantize", "--n", "0"]) == 2
