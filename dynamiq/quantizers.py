@@ -262,6 +262,15 @@ class BlockQuantizer:
         q0, q1 = make_key(seed, *stream, rank, _P_SCALE)
         return (k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
 
+    def _new_payload(self, n: int, out: torch.Tensor | None) -> Payload:
+        """A payload of ``n`` coordinates over ``out`` (checked) or a fresh buffer."""
+        size = self.nbytes(n)
+        if out is None:
+            out = torch.empty(size, dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
+        return Payload(self, n, out)
+
     def _split(self, n: int) -> tuple[int, int, np.ndarray]:
         """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
         b = self.block_size
@@ -310,12 +319,7 @@ class BlockQuantizer:
         """
         x = self._check_input(x)
         n = x.numel()
-        size = self.nbytes(n)
-        if out is None:
-            out = torch.empty(size, dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
-        payload = Payload(self, n, out)
+        payload = self._new_payload(n, out)
         codes, scales, supers = payload.sections()
         xs = x.numpy()
         nfull, nblocks, tail = self._split(n)
@@ -407,12 +411,7 @@ class BlockQuantizer:
             raise ValueError(f"acc must be a contiguous CPU float32 tensor of {payload.n} elements")
         n = payload.n
         rand = self._rand(seed, rank, world_size, stream, index_offset)
-        size = self.nbytes(n)
-        if out is None:
-            out = torch.empty(size, dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
-        result = Payload(self, n, out)
+        result = self._new_payload(n, out)
         a = acc.numpy()
         nfull, nblocks, tail = self._split(n)
         cut = nfull * self.block_size
