@@ -12,7 +12,8 @@ executor uses, on a flat float32 chunk ``x`` of ``n`` coordinates and its wire b
   with ``writeback="decoded"`` also leaves in ``acc`` exactly what every receiver will decode).
 
 Codecs are frozen dataclasses registered by name in :data:`CODECS`; their canonical spec string
-(``passthrough(wire=bf16)``, ``requant(quantizer=dq4_hier)``) is what pipelines print and parse.
+(``passthrough``, ``passthrough(wire=bf16)``, ``requant(quantizer=dq4_hier)``; parameters at
+their defaults are left out) is what pipelines print and parse.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from dynamiq.quantizers import QUANTIZERS, BlockQuantizer, Payload, get_quantizer
 from dynamiq.registry import Registry
-from dynamiq.spec import build
+from dynamiq.spec import build, format_call
 
 __all__ = [
     "CODECS",
@@ -169,7 +170,7 @@ class Passthrough(PartialSumCodec):
         return out
 
     def spec(self) -> str:
-        return f"passthrough(wire={self.wire})"
+        return format_call("passthrough", self)
 
 
 @CODECS.register("requant")

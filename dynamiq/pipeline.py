@@ -2,9 +2,11 @@
 
 A pipeline prints as a canonical spec string and parses back (``parse(str(p)) == p``)::
 
-    rht(block_size=256)+requant(quantizer=dq4_hier)@ring
+    rht(block_size=128)+requant(quantizer=dq4_hier)@ring
     passthrough(wire=bf16)@butterfly
     requant(quantizer=dq4_hier)|intra=passthrough@hierarchical(ranks_per_node=2)
+
+(parameters at their default values are left out of the canonical form).
 
 Grammar: ``[transform "+"]* codec ["|" level "=" codec]* "@" topology``. The ``level=codec``
 entries override the codec on the links of one level of a hierarchical schedule (e.g. keep fast
@@ -67,6 +69,13 @@ class Pipeline:
         levels = [lvl for lvl, _ in lc]
         if len(set(levels)) != len(levels):
             raise ValueError(f"a level is given two codecs: {levels}")
+        known = self.topology.levels()  # type: ignore[union-attr]
+        for lvl in levels:
+            if lvl not in known:
+                raise ValueError(
+                    f"level {lvl!r} does not exist in topology {self.topology}; "
+                    f"its link levels are: {', '.join(known) or 'none'}"
+                )
         object.__setattr__(self, "level_codecs", tuple(sorted(lc)))
 
     def codec_for(self, level: str | None) -> PartialSumCodec:
@@ -91,7 +100,8 @@ class Pipeline:
         """Build a pipeline from its canonical string (whitespace ignored).
 
         Raises:
-            ValueError: malformed string (the message says which part).
+            ValueError: malformed string (the message says which part), or an unknown name
+                (:class:`~dynamiq.registry.UnknownNameError` is also a ``ValueError``).
         """
         text = "".join(spec.split())
         parts = split_top_level(text, spec, sep="@", what="pipeline")

@@ -16,8 +16,12 @@ T = TypeVar("T")
 __all__ = ["DuplicateNameError", "Registry", "UnknownNameError"]
 
 
-class UnknownNameError(KeyError):
-    """Raised when a name is not registered; the message lists the known names."""
+class UnknownNameError(KeyError, ValueError):
+    """Raised when a name is not registered; the message lists the known names.
+
+    It is a ``KeyError`` (a failed lookup) and a ``ValueError`` (a bad value in a spec string or
+    config), so either ``except`` catches it.
+    """
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it readable.
         return str(self.args[0]) if self.args else ""

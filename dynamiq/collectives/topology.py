@@ -494,6 +494,10 @@ class Topology:
             return False
         return True
 
+    def levels(self) -> tuple[str, ...]:
+        """Names of the link levels its schedules tag transfers with (none for flat ones)."""
+        return ()
+
     def schedule(self, world_size: int) -> Schedule:
         """Build and validate the schedule for ``world_size`` ranks.
 
@@ -679,6 +683,10 @@ class Hierarchical(Topology):
         # Canonical sub-specs make equal topologies compare equal and spec() round-trip.
         object.__setattr__(self, "inner", get_topology(self.inner).spec())
         object.__setattr__(self, "outer", get_topology(self.outer).spec())
+
+    def levels(self) -> tuple[str, ...]:
+        """``("intra", "inter")``: links inside a node, and between nodes."""
+        return ("intra", "inter")
 
     @property
     def inner_topology(self) -> Topology:

@@ -141,8 +141,10 @@ def encode(q, x: np.ndarray, *, seed=0, rank=0, world_size=1, stream=(), index_o
         if hier:
             s_hat = (parent * s_hat).astype(_F)
         norm = sstar if smode == STOCHASTIC else s_hat
-        inv = np.where(norm == 0, _F(0), _F(1) / norm).astype(_F)
-        a = (np.abs(groups) * inv[:, None]).astype(_F).reshape(-1)
+        pre = np.where(norm >= _F(2.0**-64), _F(1), _F(2.0**64)).astype(_F)
+        inv = np.where(norm == 0, _F(0), _F(1) / (norm * pre)).astype(_F)
+        lifted = (np.abs(groups) * pre[:, None]).astype(_F)
+        a = (lifted * inv[:, None]).astype(_F).reshape(-1)
         eidx = index_offset + np.arange(npad, dtype=np.int64)
         u = None
         if emode != NEAREST:

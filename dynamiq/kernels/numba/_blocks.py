@@ -46,11 +46,13 @@ GBYTES = GROUP * BITS // 8  # code bytes per group
 PER = 8 // BITS if 8 % BITS == 0 else 0  # codes per byte when codes do not straddle bytes
 CMASK = np.uint64((1 << BITS) - 1)
 CHUNK = max(1, 4096 // BLOCK)  # blocks per parallel task (amortises scratch allocation)
+TINY = np.float32(2.0**-64)  # normalisers below this are lifted before inversion
+LIFT = np.float32(2.0**64)
 
 
 @nb.njit(inline="always", cache=True)
-def encode_group(src, base, gidx0, inv, codes, cpos, tables, consts, rand, cb):
-    """Code ``src[base:base+GROUP]`` (normalised by ``inv``); pack them at ``codes[cpos:]``.
+def encode_group(src, base, gidx0, inv, pre, codes, cpos, tables, consts, rand, cb):
+    """Code ``src[base:base+GROUP]`` (normalised: ``(x * pre) * inv``); pack at ``codes[cpos:]``.
 
     Codes are first computed into the scratch ``cb`` by a loop free of loop-carried state (so
     the compiler can vectorise it, gathers included), then packed.
@@ -59,7 +61,7 @@ def encode_group(src, base, gidx0, inv, codes, cpos, tables, consts, rand, cb):
     enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
     for j in range(GROUP):
-        cb[j] = element_code(src[base + j], inv, etab, enfin, lut, lshift, lkey0, llen,
+        cb[j] = element_code(src[base + j] * pre, inv, etab, enfin, lut, lshift, lkey0, llen,
                              MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
     if PER == 1:
         for k in range(GROUP):
@@ -130,8 +132,11 @@ def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb):
         # An unbiased (stochastic) scale pairs with the exact normaliser, so that
         # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode uses.
         norm = sstar if SMODE == STOCHASTIC else s_hat
-        inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / norm
-        encode_group(src, gs, gidx, inv, codes, g * GBYTES, tables, consts, rand, cb)
+        # A subnormal normaliser has no finite float32 inverse: lift the group by an exact
+        # power of two first, so that 0 stays 0 and |x| / norm keeps its value.
+        pre = np.float32(1.0) if norm >= TINY else LIFT
+        inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
+        encode_group(src, gs, gidx, inv, pre, codes, g * GBYTES, tables, consts, rand, cb)
 
 
 @nb.njit(cache=True)
