@@ -14,10 +14,12 @@ wire cost, metadata included.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
 
+import numba
 import numpy as np
 import torch
 
@@ -46,6 +48,24 @@ _P_PERM = 0x5045524D
 
 _MODE = {"nearest": 0, "stochastic": 1, "correlated": 4}
 _SMODE = {"nearest": 0, "stochastic": 1, "up": 2, "down": 3, "ocp": 3}
+
+
+#: Below this many coordinates a kernel runs on the calling thread only: waking the thread pool
+#: costs more than the work (milliseconds when the other cores are busy, e.g. other ranks).
+SERIAL_BELOW = 1 << 17
+
+
+@contextlib.contextmanager
+def _threads_for(n: int):
+    if n >= SERIAL_BELOW:
+        yield
+        return
+    prev = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
 
 
 def _is_pow2(v: int) -> bool:
@@ -327,7 +347,10 @@ class BlockQuantizer:
             tail[: n - nfull * self.block_size] = xs[nfull * self.block_size :]
         tables, consts = self._kernel_args
         rand = self._rand(seed, rank, world_size, stream, index_offset)
-        self._kernels.encode(xs, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand)
+        with _threads_for(n):
+            self._kernels.encode(
+                xs, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand
+            )
         return payload
 
     def decode(
@@ -358,10 +381,11 @@ class BlockQuantizer:
         cut = nfull * self.block_size
         if accumulate and nblocks > nfull:
             tail[: n - cut] = os_[cut:]
-        self._kernels.decode(
-            os_, tail, nfull, nblocks, codes, scales, supers, self._kernel_args[0],
-            bool(accumulate),
-        )
+        with _threads_for(n):
+            self._kernels.decode(
+                os_, tail, nfull, nblocks, codes, scales, supers, self._kernel_args[0],
+                bool(accumulate),
+            )
         if nblocks > nfull:
             os_[cut:] = tail[: n - cut]
         return out
@@ -418,10 +442,11 @@ class BlockQuantizer:
         if nblocks > nfull:
             tail[: n - cut] = a[cut:]
         tables, consts = self._kernel_args
-        self._kernels.recompress(
-            a, tail, nfull, nblocks, *payload.sections(), *result.sections(), tables, consts,
-            rand, modes[writeback],
-        )
+        with _threads_for(n):
+            self._kernels.recompress(
+                a, tail, nfull, nblocks, *payload.sections(), *result.sections(), tables,
+                consts, rand, modes[writeback],
+            )
         if nblocks > nfull and writeback != "none":
             a[cut:] = tail[: n - cut]
         return result
