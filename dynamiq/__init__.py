@@ -4,6 +4,7 @@ The public API is re-exported here; everything else is an implementation detail.
 """
 
 from dynamiq.codecs import CODECS, HopContext, PartialSumCodec, Passthrough, Requant, get_codec
+from dynamiq.collectives.api import all_reduce
 from dynamiq.collectives.simulator import SimulationResult, simulate
 from dynamiq.collectives.topology import (
     TOPOLOGIES,
@@ -66,6 +67,7 @@ __all__ = [
     "Transform",
     "UnknownNameError",
     "__version__",
+    "all_reduce",
     "get_codec",
     "get_pipeline",
     "get_quantizer",

@@ -1,0 +1,202 @@
+"""``dynamiq.all_reduce``: a drop-in for ``torch.distributed.all_reduce`` with compressed hops.
+
+It runs the P2P executor (:mod:`dynamiq.collectives.p2p`) on a float32 copy of the tensor and
+writes the result back in place. Each process counts its calls per (group, pipeline, size); the
+count keys the random numbers, so successive calls draw fresh randomness and every rank agrees
+on it without communication (the count is verified across ranks with the other call metadata).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+
+from dynamiq.collectives import p2p
+from dynamiq.pipeline import Pipeline, get_pipeline
+
+__all__ = ["AllReduceWork", "all_reduce", "reset_call_counters"]
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+_counter_lock = threading.Lock()
+_calls: dict[tuple, int] = {}
+
+# one worker thread: asynchronous calls run one at a time, in the order they were issued, which
+# is the order every rank issues them in (collectives must not be reordered)
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_pending: list[concurrent.futures.Future] = []
+
+
+class AllReduceWork:
+    """Handle of an asynchronous :func:`all_reduce` (``async_op=True``).
+
+    The collective runs on a background thread of this process; the tensor is written when it
+    finishes, so do not read or modify it before :meth:`wait` returns.
+    """
+
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self._future = future
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        """Block until the all-reduce has finished and the tensor holds the result.
+
+        Args:
+            timeout: Seconds (or a ``timedelta``) to wait at most; ``None`` waits until the
+                collective's own timeout.
+
+        Returns:
+            ``True``.
+
+        Raises:
+            TimeoutError: ``timeout`` passed first (the collective keeps running), or the
+                collective timed out.
+            RuntimeError: the collective failed (e.g. the ranks disagree on the call); the
+                tensor is then unchanged.
+        """
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        try:
+            self._future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError as e:
+            if not self._future.done():
+                raise TimeoutError(f"all_reduce still running after {timeout}s") from e
+            raise
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the collective has finished (successfully or not)."""
+        return self._future.done()
+
+    def exception(self) -> BaseException | None:
+        """The collective's error once finished, or ``None``."""
+        return self._future.exception() if self._future.done() else None
+
+
+def reset_call_counters() -> None:
+    """Restart every call counter at 0 (all ranks must do it at the same point)."""
+    with _counter_lock:
+        _calls.clear()
+
+
+def _parse_op(op) -> str:
+    if isinstance(op, str) and op.lower() in ("sum", "avg"):
+        return op.lower()
+    for name in ("SUM", "AVG"):
+        ref = getattr(dist.ReduceOp, name, None)
+        if ref is not None and not isinstance(op, str) and op == ref:
+            return name.lower()
+    raise ValueError(f"op must be 'sum', 'avg', ReduceOp.SUM or ReduceOp.AVG, got {op!r}")
+
+
+def _next_call(group, spec: str, numel: int) -> int:
+    key = (group if group is not None else dist.group.WORLD, spec, numel)
+    with _counter_lock:
+        call = _calls.get(key, 0)
+        _calls[key] = call + 1
+    return call
+
+
+def _drain() -> None:
+    while _pending:
+        f = _pending.pop(0)
+        concurrent.futures.wait([f])
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    pipeline: str | Pipeline = "passthrough-fp32",
+    group=None,
+    op="sum",
+    async_op: bool = False,
+    timeout: float | datetime.timedelta = 300.0,
+) -> AllReduceWork | None:
+    """All-reduce ``tensor`` in place across ``group`` with a compressed multi-hop pipeline.
+
+    Equivalent to ``torch.distributed.all_reduce(tensor, op, group)`` up to the pipeline's
+    compression: with a lossless pipeline (``passthrough-fp32``) the result is the float32 sum
+    (in the schedule's summation order); with a lossy one it is the decompressed sum that
+    :func:`dynamiq.simulate` reports for the same inputs and call count, bit for bit. Every rank
+    ends with bit-identical values.
+
+    Args:
+        tensor: Any shape; float32, bfloat16 or float16; on the CPU (the only backend available
+            is the Numba one); at least one element. Contiguity is not required. It is
+            flattened and widened to a float32 copy, reduced, and the result is cast back to
+            the tensor's dtype and written into it. If the call raises, ``tensor`` is untouched.
+        pipeline: Pipeline, registered name (e.g. ``"requant-dq4"``) or spec string; the same
+            on every rank.
+        group: Process group (default: the world). All its ranks must call with the same
+            pipeline, size, dtype and op, in the same order.
+        op: ``"sum"`` / ``ReduceOp.SUM``, or ``"avg"`` / ``ReduceOp.AVG`` (the float32 sum
+            divided by the group size).
+        async_op: Return an :class:`AllReduceWork` at once and run the collective on a
+            background thread of this process (one thread: asynchronous calls run in issue
+            order; a later synchronous call first waits for them). The tensor holds the result
+            once ``wait()`` returns.
+        timeout: Seconds (or a ``timedelta``) to wait for any one peer before raising
+            ``TimeoutError``.
+
+    Returns:
+        ``None``, or an :class:`AllReduceWork` when ``async_op``.
+
+    Raises:
+        TypeError: not a tensor, or not floating point of a supported dtype.
+        ValueError: empty tensor, non-CPU tensor, unknown op, a pipeline whose topology does
+            not fit the group size, or an unknown pipeline name (the message lists the
+            registered ones).
+        RuntimeError: ``torch.distributed`` not initialized; ranks disagree on pipeline, size,
+            dtype, op or call count (raised on every rank); a peer failed.
+        TimeoutError: a peer did not take part within ``timeout`` (names the step and peer).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_reduce needs a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"dynamiq.all_reduce supports float32, bfloat16 and float16 tensors, "
+                        f"got {tensor.dtype}")
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"dynamiq.all_reduce: only the Numba (CPU) backend is available, so the tensor must "
+            f"be on the CPU; got a tensor on {tensor.device}"
+        )
+    if tensor.numel() == 0:
+        raise ValueError("dynamiq.all_reduce: cannot all-reduce an empty tensor")
+    p = get_pipeline(pipeline)
+    spec = str(p)
+    mode = _parse_op(op)
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized; call "
+                           "torch.distributed.init_process_group first")
+    if dist.get_rank(group) < 0:
+        raise ValueError("this process is not a member of the given process group")
+    call = _next_call(group, spec, tensor.numel())
+    # the private float32 copy doubles as the executor's accumulator; it is taken at issue time
+    flat = tensor.detach().reshape(-1).to(torch.float32, copy=True).contiguous()
+
+    def job() -> None:
+        y = p2p.run_p2p(flat, p, group=group, call=call, timeout=float(timeout),
+                        dtype=tensor.dtype, op=mode, consume=True)
+        if mode == "avg":
+            y = y / dist.get_world_size(group)
+        with torch.no_grad():
+            tensor.copy_(y.view(tensor.shape))
+
+    global _executor
+    if not async_op:
+        _drain()
+        job()
+        return None
+    if _executor is None:
+        _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dynamiq")
+    future = _executor.submit(job)
+    _pending.append(future)
+    while _pending and _pending[0].done():
+        _pending.pop(0)
+    return AllReduceWork(future)

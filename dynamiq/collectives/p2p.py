@@ -1,0 +1,524 @@
+"""P2P executor: runs a pipeline's schedule over ``torch.distributed`` point-to-point messages.
+
+Every rank runs the per-rank logic of :mod:`dynamiq.collectives.engine` on its own data and
+moves bytes with ``isend``/``irecv`` (grouped by ``batch_isend_irecv``), so its result equals
+:func:`dynamiq.collectives.simulator.simulate` bit for bit, on every rank. Only the calls NCCL
+also offers are used (point-to-point ops, and an ``all_reduce`` of a small int64 tensor for the
+metadata check), on the caller's process ``group``; on the CPU the backend is gloo.
+
+Tiling. A chunk larger than ``tile_elems`` coordinates is cut into tiles on block boundaries and
+every tile travels as its own message, so that a leaf compresses tile ``k + 1`` while tile ``k``
+is on the wire, and a receiver decodes tile ``k`` while tile ``k + 1`` arrives. The schedule
+seen by :class:`~dynamiq.collectives.engine.RankState` is the original one with each chunk
+replaced by its tiles (same tree, same steps). Blocks are coded independently and the random
+numbers of a tile are drawn from its parent chunk's stream at the tile's global element indices,
+so the decoded values, the summation order and the byte count are those of the untiled schedule.
+
+Randomness and agreement. Before any data moves, the ranks compare a fingerprint of the call
+(pipeline, length, dtype, op, call counter, tile size) with one ``all_reduce``; a mismatch
+raises ``RuntimeError`` on every rank, naming what differs (when the pipelines differ, a second
+small ``all_reduce`` brings every rank's spec string for the message). A peer that does not
+show up within ``timeout`` seconds raises ``TimeoutError`` naming the step and the peer (in the
+metadata check, a collective, only that some rank is missing). After a timeout the process
+group is unusable (gloo closes the link); destroy it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from dynamiq.codecs import HopContext, PartialSumCodec
+from dynamiq.collectives.engine import Plan, RankState, chunk_bounds
+from dynamiq.collectives.topology import Schedule, Transfer
+from dynamiq.pipeline import Pipeline, get_pipeline
+
+__all__ = ["TILE_ELEMS", "P2PStats", "clear_cache", "last_stats", "run_p2p"]
+
+#: Default tile: 8 MB of float32 input per message (the paper's pipelining granularity).
+TILE_ELEMS = 1 << 21
+
+#: Layouts and receive buffers kept for this many (pipeline, length, world, ...) keys; a
+#: gradient bucket calls all-reduce with the same key every step.
+CACHE_SIZE = 16
+
+
+@dataclass
+class P2PStats:
+    """What one rank did in its latest :func:`run_p2p` call.
+
+    Attributes:
+        rank, world_size: This rank in the group, and the group's size.
+        numel: Coordinates reduced (before transforms).
+        call: The call counter used.
+        pipeline: The pipeline's spec string.
+        bytes_sent, bytes_received: Payload bytes this rank put on / took off the wire (the
+            metadata check is counted apart in ``metadata_bytes``).
+        messages_sent: Point-to-point messages sent (tiles count one each).
+        metadata_bytes: Bytes of the metadata tensor all-reduced before the exchange.
+        seconds: Wall time of the call on this rank.
+    """
+
+    rank: int
+    world_size: int
+    numel: int
+    call: int
+    pipeline: str
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    metadata_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bits_per_coord(self) -> float:
+        """``8 * bytes_sent / numel``: this rank's wire cost per coordinate."""
+        return 8.0 * self.bytes_sent / self.numel
+
+
+#: Statistics of the latest :func:`run_p2p` call in this process (``None`` before the first).
+last_stats: P2PStats | None = None
+
+
+# ---- layout: the schedule with chunks cut into tiles, cached per key ---------------------------
+@dataclass
+class _Layout:
+    pipeline: Pipeline
+    world_size: int
+    length: int
+    schedule: Schedule
+    bounds: list[tuple[int, int]]
+    parent: tuple[int, ...]
+    level: dict[Transfer, str | None]
+    send: dict[tuple[int, int], Transfer]
+
+
+def _tiles(a: int, b: int, tile: int) -> list[tuple[int, int]]:
+    if b - a <= tile:
+        return [(a, b)]  # an empty chunk stays one (inactive) tile so the schedule keeps its shape
+    return [(s, min(b, s + tile)) for s in range(a, b, tile)]
+
+
+def _build_layout(p: Pipeline, world: int, length: int, tile_elems: int) -> _Layout:
+    base = p.topology.schedule(world)
+    bounds = chunk_bounds(base.chunk_weights, length, p.block_size)
+    align = p.block_size
+    # tiles start on block boundaries, so every tile but a chunk's last is whole blocks and the
+    # tiles' payloads add up to the chunk's payload, padding included
+    tile = max(align, tile_elems // align * align)
+    tiles = [_tiles(a, b, tile) for a, b in bounds]
+    first = [0]
+    for ts in tiles:
+        first.append(first[-1] + len(ts))
+    parent = tuple(c for c, ts in enumerate(tiles) for _ in ts)
+    new_bounds = [ab for ts in tiles for ab in ts]
+    weights = []
+    for c, ts in enumerate(tiles):
+        size = bounds[c][1] - bounds[c][0]
+        w = base.chunk_weights[c]
+        weights += [w * (b - a) / size for a, b in ts] if size else [w]
+    base_levels = base.levels or (None,) * len(base.transfers)
+    transfers, levels = [], []
+    for t, lv in zip(base.transfers, base_levels):
+        for k in range(len(tiles[t.chunk])):
+            transfers.append(Transfer(t.step, t.src, t.dst, first[t.chunk] + k, t.phase))
+            levels.append(lv)
+    sched = Schedule(
+        world_size=world,
+        num_chunks=len(new_bounds),
+        owners=tuple(base.owners[c] for c in parent),
+        parents=tuple(base.parents[c] for c in parent),
+        chunk_weights=tuple(weights),
+        transfers=(),
+        name=f"{base.name} tiled by {tile}",
+    )
+    sched = sched.with_transfers(transfers, levels if base.levels else ())
+    lv_all = sched.levels or (None,) * len(sched.transfers)
+    return _Layout(
+        pipeline=p,
+        world_size=world,
+        length=length,
+        schedule=sched,
+        bounds=new_bounds,
+        parent=parent,
+        level=dict(zip(sched.transfers, lv_all)),
+        send={(t.chunk, t.src): t for t in sched.transfers if t.phase == "reduce"},
+    )
+
+
+class _TiledPlan(Plan):
+    """A :class:`Plan` over the tiled schedule of a cached layout.
+
+    It answers the plan's questions per tile with the parent chunk's codec and random stream,
+    so :class:`RankState` runs unchanged.
+    """
+
+    def __init__(self, layout: _Layout, call: int) -> None:
+        # not Plan's generated __init__: its __post_init__ would rebuild the untiled schedule
+        # on every call
+        self.pipeline = layout.pipeline
+        self.world_size = layout.world_size
+        self.length = layout.length
+        self.call = call
+        self.schedule = layout.schedule
+        self.bounds = layout.bounds
+        self._layout = layout
+
+    def codec(self, t: Transfer) -> PartialSumCodec:
+        if t.phase == "gather":
+            return self.pipeline.codec  # type: ignore[return-value]
+        return self.pipeline.codec_for(self._layout.level[t])
+
+    def context(self, rank: int, chunk: int) -> HopContext:
+        return HopContext(stream=(self.call, self._layout.parent[chunk]), rank=rank,
+                          world_size=self.world_size, index_offset=self.bounds[chunk][0])
+
+    def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
+        t = self._layout.send.get((chunk, rank))
+        return self.pipeline.codec if t is None else self.codec(t)  # type: ignore[return-value]
+
+
+# ---- per-rank program: the transfers of each step and preallocated receive buffers ------------
+@dataclass
+class _Step:
+    index: int
+    sends: list[Transfer]
+    recvs: list[Transfer]
+    bufs: list[torch.Tensor]
+    send_peer: int  # group ranks; -1 when there is nothing to send / receive
+    recv_peer: int
+
+
+@dataclass
+class _Program:
+    layout: _Layout
+    steps: list[_Step] = field(default_factory=list)
+    recv_bytes: int = 0
+    # the receive buffers belong to one call at a time; a second thread reducing on the same
+    # group, pipeline and size waits instead of overwriting them
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _build_program(layout: _Layout, rank: int, device: torch.device) -> _Program:
+    sched = layout.schedule
+    plan = _TiledPlan(layout, 0)  # wire sizes do not depend on the call
+    per_step = []
+    reduce_pool = gather_pool = 0
+    for s in range(sched.steps()):
+        ts = [t for t in sched.transfers_at(s) if plan.active(t)]
+        sends = [t for t in ts if t.src == rank]
+        recvs = [t for t in ts if t.dst == rank]
+        per_step.append((s, sends, recvs))
+        reduce_pool = max(reduce_pool, sum(plan.wire_bytes(t) for t in recvs
+                                           if t.phase == "reduce"))
+        gather_pool += sum(plan.wire_bytes(t) for t in recvs if t.phase == "gather")
+    # Reduce messages are consumed by RankState.receive before it returns, so one step's worth
+    # is reused by every step; gather messages stay referenced (RankState.final, forwarded
+    # later), so each gets its own slice. Both total at most the compressed vector.
+    rpool = torch.empty(reduce_pool, dtype=torch.uint8, device=device)
+    gpool = torch.empty(gather_pool, dtype=torch.uint8, device=device)
+    prog = _Program(layout)
+    goff = 0
+    for s, sends, recvs in per_step:
+        if not sends and not recvs:
+            continue
+        bufs, roff = [], 0
+        for t in recvs:
+            nb = plan.wire_bytes(t)
+            if t.phase == "reduce":
+                bufs.append(rpool[roff:roff + nb])
+                roff += nb
+            else:
+                bufs.append(gpool[goff:goff + nb])
+                goff += nb
+        peers_out = {t.dst for t in sends}
+        peers_in = {t.src for t in recvs}
+        if len(peers_out) > 1 or len(peers_in) > 1:
+            raise RuntimeError(f"schedule {sched.name}: rank {rank} talks to several peers at "
+                               f"step {s}, which the port model forbids")
+        prog.steps.append(_Step(s, sends, recvs, bufs, peers_out.pop() if peers_out else -1,
+                                peers_in.pop() if peers_in else -1))
+        prog.recv_bytes += sum(b.numel() for b in bufs)
+    return prog
+
+
+_lock = threading.Lock()
+_layouts: OrderedDict[tuple, _Layout] = OrderedDict()
+_programs: OrderedDict[tuple, _Program] = OrderedDict()
+
+
+def _cached(cache: OrderedDict, key: tuple, make):
+    with _lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    value = make()
+    with _lock:
+        cache[key] = value
+        while len(cache) > CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
+
+
+def clear_cache() -> None:
+    """Drop the cached schedules and receive buffers (they are rebuilt on the next call)."""
+    with _lock:
+        _layouts.clear()
+        _programs.clear()
+
+
+# ---- metadata check ---------------------------------------------------------------------------
+_DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3, torch.float64: 4}
+_DTYPE_NAMES = {v: str(k).removeprefix("torch.") for k, v in _DTYPE_CODES.items()}
+_OPS = ("sum", "avg")
+_FIELDS = ("numel", "dtype", "pipeline", "op", "call", "tile")
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def _describe(name: str, value: int, specs: dict[int, str]) -> str:
+    if name == "dtype":
+        return _DTYPE_NAMES.get(value, f"dtype #{value}")
+    if name == "op":
+        return _OPS[value] if 0 <= value < len(_OPS) else f"op #{value}"
+    if name == "pipeline":
+        return repr(specs[value]) if value in specs else f"a pipeline with crc32 {value:#010x}"
+    if name == "numel":
+        return f"{value} elements"
+    if name == "tile":
+        return f"tiles of {value} elements"
+    return f"call {value}"
+
+
+_SPEC_CHARS = 240
+
+
+def _gather_specs(group, rank: int, world: int, device: torch.device, timeout: float,
+                  spec: str) -> dict[int, str]:
+    """Every rank's pipeline string (cut to ``_SPEC_CHARS``), by its crc32.
+
+    Only run once every rank has seen that the pipelines differ, so all of them take part.
+    """
+    raw = spec.encode()[:_SPEC_CHARS]
+    buf = torch.zeros(world, _SPEC_CHARS, dtype=torch.int32, device=device)
+    buf[rank, :len(raw)] = torch.tensor(list(raw), dtype=torch.int32)
+    work = dist.all_reduce(buf, group=group, async_op=True)
+    _wait(work, timeout, "metadata exchange before step 0", "pipeline strings did not arrive",
+          "exchanging pipeline strings failed")
+    specs = {}
+    for row in buf.cpu().tolist():
+        text = bytes(v for v in row if v).decode(errors="replace")
+        specs[_crc(text)] = text
+    specs[_crc(spec)] = spec  # this rank's full string, even when longer than the cut
+    return specs
+
+
+def _check_metadata(
+    group, rank: int, world: int, device: torch.device, timeout: float, *, numel: int,
+    dtype: torch.dtype, pipeline: str, op: str, call: int, tile_elems: int,
+) -> int:
+    """All-reduce every rank's fingerprint; raise on every rank if they differ.
+
+    Returns:
+        Bytes of the metadata tensor.
+    """
+    mine = {"numel": numel, "dtype": _DTYPE_CODES.get(dtype, _crc(str(dtype)) & 0xFFFF),
+            "pipeline": _crc(pipeline), "op": _OPS.index(op), "call": call, "tile": tile_elems}
+    # each rank fills its own row; the sum is an all-gather that NCCL and gloo both run
+    meta = torch.zeros(world, len(_FIELDS), dtype=torch.int64, device=device)
+    meta[rank] = torch.tensor([mine[f] for f in _FIELDS], dtype=torch.int64)
+    work = dist.all_reduce(meta, group=group, async_op=True)
+    _wait(work, timeout, "metadata exchange before step 0",
+          f"not all {world} ranks joined within {timeout}s (a rank did not call all_reduce, or "
+          "is still busy in another collective)",
+          "failed")
+    rows = meta.cpu().tolist()
+    specs = {mine["pipeline"]: pipeline}
+    if len({row[_FIELDS.index("pipeline")] for row in rows}) > 1:
+        specs = _gather_specs(group, rank, world, device, timeout, pipeline)
+    problems = []
+    for i, name in enumerate(_FIELDS):
+        values = [row[i] for row in rows]
+        if len(set(values)) == 1:
+            continue
+        groups: dict[int, list[int]] = {}
+        for r, v in enumerate(values):
+            groups.setdefault(v, []).append(r)
+        parts = [f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} "
+                 f"{'have' if len(rs) > 1 else 'has'} {_describe(name, v, specs)}"
+                 for v, rs in groups.items()]
+        problems.append(f"{name}: " + "; ".join(parts))
+    if problems:
+        raise RuntimeError(
+            f"dynamiq all_reduce: the {world} ranks disagree on the call, nothing was sent "
+            f"(seen from rank {rank}): " + " | ".join(problems)
+        )
+    return meta.numel() * meta.element_size()
+
+
+# ---- the exchange -----------------------------------------------------------------------------
+def _global(group, r: int) -> int:
+    # P2POp takes global ranks; the default group's ranks already are
+    if group is None or group is dist.group.WORLD:
+        return r
+    return dist.get_global_rank(group, r)
+
+
+def _wait(work, timeout: float, where: str, late: str, failed: str) -> None:
+    """``work.wait`` with a deadline; a timeout becomes ``TimeoutError(where: late)``, any other
+    failure (e.g. a peer's connection closing) ``RuntimeError(where: failed)``."""
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except Exception as e:
+        text = str(e)
+        low = text.lower()
+        if "timed out" in low or "timeout" in low:
+            raise TimeoutError(f"dynamiq all_reduce: {where}: {late} ({text})") from e
+        raise RuntimeError(f"dynamiq all_reduce: {where}: {failed}: {text}") from e
+
+
+def _run_step(st: _Step, state: RankState, group, timeout: float, stats: P2PStats) -> None:
+    src = _global(group, st.recv_peer) if st.recvs else -1
+    dst = _global(group, st.send_peer) if st.sends else -1
+    outgoing = []  # keeps sent tensors alive until their send completes
+    recv_works, send_works = [], []
+    # The k-th send and the k-th receive of the step go out together: on every rank, round k
+    # pairs up with round k of the peers (a rank hears from one peer per step), which keeps
+    # NCCL's grouped point-to-point calls deadlock-free, and the leaf compresses the tile of
+    # round k + 1 while round k is on the wire.
+    for k in range(max(len(st.sends), len(st.recvs))):
+        ops = []
+        if k < len(st.recvs):
+            ops.append(dist.P2POp(dist.irecv, st.bufs[k], src, group))
+        if k < len(st.sends):
+            data = state.message(st.sends[k])
+            outgoing.append(data)
+            ops.append(dist.P2POp(dist.isend, data, dst, group))
+            stats.bytes_sent += data.numel() * data.element_size()
+            stats.messages_sent += 1
+        works = dist.batch_isend_irecv(ops)
+        per_op = works if len(works) == len(ops) else [works[-1]] * len(ops)
+        i = 0
+        if k < len(st.recvs):
+            recv_works.append(per_op[0])
+            i = 1
+        if k < len(st.sends):
+            send_works.append(per_op[i])
+    where = f"step {st.index}"
+    for t, buf, work in zip(st.recvs, st.bufs, recv_works):
+        _wait(work, timeout, where, f"no message from rank {st.recv_peer} within {timeout}s",
+              f"receiving from rank {st.recv_peer} failed")
+        state.receive(t, buf)
+        stats.bytes_received += buf.numel()
+    for work in send_works:
+        _wait(work, timeout, where, f"rank {st.send_peer} did not take our message within "
+              f"{timeout}s", f"sending to rank {st.send_peer} failed")
+
+
+def run_p2p(
+    tensor: torch.Tensor,
+    pipeline: str | Pipeline,
+    *,
+    group=None,
+    call: int,
+    timeout: float,
+    tile_elems: int | None = None,
+    dtype: torch.dtype | None = None,
+    op: str = "sum",
+    consume: bool = False,
+) -> torch.Tensor:
+    """All-reduce (sum) a flat float32 tensor over ``group`` with ``pipeline``.
+
+    Every rank of ``group`` must call it with the same pipeline, length, ``call``, ``dtype``,
+    ``op`` and tile size; this is checked before any data moves.
+
+    Args:
+        tensor: float32[d], 1-D, contiguous, ``d >= 1``; not modified unless ``consume``.
+        pipeline: Pipeline, registered name or spec string.
+        group: Process group (default: the world).
+        call: Call counter, part of every random stream; the caller counts calls so that all
+            ranks pass the same value (:func:`dynamiq.collectives.api.all_reduce` does).
+        timeout: Seconds to wait for any one message (and for the metadata check).
+        tile_elems: Coordinates per message for chunks larger than that (rounded down to a
+            multiple of the pipeline's block size); default :data:`TILE_ELEMS`.
+        dtype: The caller's dtype before widening to float32, checked to agree across ranks
+            (default: ``tensor.dtype``).
+        op: ``"sum"`` or ``"avg"``, only checked to agree across ranks: the result is the sum.
+        consume: Use ``tensor`` itself as the accumulator instead of a copy (saves a pass over
+            the data when the caller's tensor is a scratch copy anyway); its values are then
+            unspecified, and the result may share its memory.
+
+    Returns:
+        float32[d], the all-reduced sum, bit-identical on every rank and equal to
+        ``simulate(pipeline, inputs, call=call).results[rank]``.
+
+    Raises:
+        RuntimeError: ranks disagree on the call (on every rank), or a peer failed.
+        TimeoutError: a peer did not take part within ``timeout`` seconds.
+    """
+    global last_stats
+    t0 = time.perf_counter()
+    p = get_pipeline(pipeline)
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32 or tensor.dim() != 1:
+        raise TypeError("run_p2p needs a 1-D float32 tensor")
+    if not tensor.is_contiguous():
+        raise ValueError("run_p2p needs a contiguous tensor")
+    if tensor.numel() == 0:
+        raise ValueError("cannot all-reduce an empty tensor")
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized; call "
+                           "torch.distributed.init_process_group first")
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the given process group")
+    tile = TILE_ELEMS if tile_elems is None else int(tile_elems)
+    if tile < 1:
+        raise ValueError(f"tile_elems must be >= 1, got {tile_elems!r}")
+    d = tensor.numel()
+    spec = str(p)
+    stats = P2PStats(rank, world, d, call, spec)
+    if world == 1:
+        out = tensor if consume else tensor.clone()
+        stats.seconds = time.perf_counter() - t0
+        last_stats = stats
+        return out
+    # raises the same ValueError on every rank, before anyone waits for anyone
+    p.topology.check_world_size(world)
+    stats.metadata_bytes = _check_metadata(
+        group, rank, world, tensor.device, timeout, numel=d,
+        dtype=tensor.dtype if dtype is None else dtype, pipeline=spec, op=op, call=call,
+        tile_elems=tile,
+    )
+    y = tensor if consume else tensor.clone()
+    lengths = [d]
+    for tr in p.transforms:
+        y = tr.forward(y, step=call)
+        lengths.append(y.numel())
+    length = y.numel()
+    layout = _cached(_layouts, (p, world, length, tile),
+                     lambda: _build_layout(p, world, length, tile))
+    gkey = dist.group.WORLD if group is None else group
+    prog = _cached(_programs, (p, world, length, tile, gkey, rank, str(y.device)),
+                   lambda: _build_program(layout, rank, y.device))
+    state = RankState(_TiledPlan(prog.layout, call), rank, y)
+    with prog.lock:
+        for st in prog.steps:
+            _run_step(st, state, group, timeout, stats)
+    y = state.acc
+    for k in reversed(range(len(p.transforms))):
+        y = p.transforms[k].inverse(y, lengths[k], step=call)
+    stats.seconds = time.perf_counter() - t0
+    last_stats = stats
+    return y[:d]

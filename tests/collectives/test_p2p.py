@@ -1,0 +1,429 @@
+"""The P2P executor and ``all_reduce`` over gloo on localhost, against the simulator and torch.
+
+Each world size is spawned once (processes are the expensive part on a 2-core machine); its
+ranks run every check of a plan in one go and send plain Python/numpy results back through a
+queue. The test functions then compare those results, in this process, with
+:func:`dynamiq.simulate` on the same inputs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dynamiq.collectives import api, p2p
+from dynamiq.collectives.simulator import simulate
+from dynamiq.pipeline import get_pipeline
+from dynamiq.registry import UnknownNameError
+
+D = 10_000  # not a multiple of the 256-element block: exercises padded tails
+TILE = 512  # forced tile size: several tiles per chunk at D, for every world size used
+SHORT = 3.0  # seconds a rank waits for an absent peer in the timeout checks
+SIZES = {"bf16": (50, 37), "fp16": (41, 43), "avg": 3000, "async": 2999, "nan": 2000,
+         "spec": 1024, "numel": (1500, 1400), "dtype": 1300, "after": 100, "stall": 777}
+
+
+def _inputs(n: int, d: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + n)
+    return torch.randn(n, d, generator=g) * torch.logspace(-2, 2, d)
+
+
+def _pipelines(n: int) -> list[str]:
+    names = ["requant-dq4"]
+    if n & (n - 1) == 0:
+        names.append("requant-dq4-butterfly")
+    if n % 2 == 0:
+        names.append("requant-dq4-hier2")
+    return names
+
+
+def _record(out: dict, key: str, fn) -> None:
+    try:
+        out[key] = ("ok", fn())
+    except Exception as e:
+        out[key] = ("err", type(e).__name__, str(e))
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().reshape(-1).numpy().copy()
+
+
+def _reduced(x: torch.Tensor, name: str) -> np.ndarray:
+    t = x.clone()
+    api.all_reduce(t, name, timeout=30)
+    return _np(t)
+
+
+# ---- what the ranks run -----------------------------------------------------------------------
+def _plan_main(rank: int, n: int, out: dict) -> None:
+    x = _inputs(n, D)[rank]
+
+    def ours(name):
+        return _reduced(x, name), p2p.last_stats.bytes_sent
+
+    def theirs():
+        t = x.clone()
+        dist.all_reduce(t)
+        return _np(t)
+
+    def tiled(name):
+        y = p2p.run_p2p(x, name, call=7, timeout=30, tile_elems=TILE)
+        return _np(y), p2p.last_stats.bytes_sent, p2p.last_stats.messages_sent
+
+    _record(out, "passthrough-fp32", lambda: ours("passthrough-fp32"))
+    _record(out, "torch", theirs)
+    for name in _pipelines(n):
+        _record(out, f"{name}/0", lambda name=name: ours(name))
+        _record(out, f"{name}/tiled", lambda name=name: tiled(name))
+        p2p.run_p2p(x, name, call=7, timeout=30)  # untiled, to count its messages
+        out[f"{name}/messages"] = p2p.last_stats.messages_sent
+    _record(out, "requant-dq4/1", lambda: ours("requant-dq4"))  # second call: call 1
+
+
+def _plan_features(rank: int, n: int, out: dict) -> None:
+    def low_precision(dtype, shape, name, seed):
+        t = _inputs(n, math.prod(shape), seed)[rank].reshape(shape).to(dtype)
+        api.all_reduce(t, name, timeout=30)
+        return _np(t), str(t.dtype), tuple(t.shape)
+
+    _record(out, "bf16", lambda: low_precision(torch.bfloat16, SIZES["bf16"], "requant-dq4", 2))
+    _record(out, "fp16", lambda: low_precision(torch.float16, SIZES["fp16"], "passthrough-fp32",
+                                               3))
+
+    xa = _inputs(n, SIZES["avg"], 4)[rank]
+
+    def avg(op):
+        t = xa.clone()
+        api.all_reduce(t, "requant-dq4", op=op, timeout=30)
+        return _np(t)
+
+    _record(out, "avg/0", lambda: avg("avg"))
+    _record(out, "avg/1", lambda: avg(dist.ReduceOp.AVG))
+
+    def asynchronous():
+        xs = [_inputs(n, SIZES["async"], 5 + i)[rank] for i in range(3)]
+        ts = [x.clone() for x in xs]
+        w0 = api.all_reduce(ts[0], "requant-dq4", async_op=True, timeout=30)
+        w1 = api.all_reduce(ts[1], "requant-dq4", async_op=True, timeout=30)
+        api.all_reduce(ts[2], "requant-dq4", timeout=30)  # waits for both: issue order kept
+        done = (w0.is_completed(), w1.is_completed())
+        return [_np(t) for t in ts], done, w0.wait(), w1.wait()
+
+    _record(out, "async", asynchronous)
+
+    xn = _inputs(n, SIZES["nan"], 8)[rank]
+    if rank == 0:
+        xn[5] = float("nan")
+    for name in ("passthrough-fp32", "requant-dq4"):
+        _record(out, f"nan/{name}", lambda name=name: _reduced(xn, name))
+
+    def failing(name, size, dtype=torch.float32):
+        t = _inputs(n, size, 9)[rank].to(dtype)
+        before = t.clone()
+        try:
+            api.all_reduce(t, name, timeout=30)
+            return ("no error", None, torch.equal(t, before))
+        except Exception as e:
+            return (type(e).__name__, str(e), torch.equal(t, before))
+
+    out["spec"] = failing("requant-dq4" if rank == 0 else "requant-dq8", SIZES["spec"])
+    out["numel"] = failing("requant-dq4", SIZES["numel"][rank % 2])
+    out["dtype"] = failing("requant-dq4", SIZES["dtype"],
+                           torch.bfloat16 if rank == 0 else torch.float32)
+    xs = _inputs(n, SIZES["after"], 10)[rank]
+    _record(out, "after", lambda: _reduced(xs, "passthrough-fp32"))
+
+
+def _plan_group(rank: int, n: int, out: dict) -> None:
+    """Two disjoint subgroups (even and odd ranks) reduce at the same time."""
+    groups = [dist.new_group(list(range(parity, n, 2))) for parity in (0, 1)]
+    x = _inputs(n, D, 12)[rank]
+
+    def reduce_in_group():
+        t = x.clone()
+        api.all_reduce(t, "requant-dq4", group=groups[rank % 2], timeout=30)
+        return _np(t), dist.get_rank(groups[rank % 2])
+
+    _record(out, "group", reduce_in_group)
+
+
+def _plan_stall(rank: int, n: int, out: dict) -> None:
+    """Rank n-1 joins the metadata check of a call, then sends nothing."""
+    size = SIZES["stall"]
+    if rank == n - 1:
+        p2p._check_metadata(None, rank, n, torch.device("cpu"), 30, numel=size,
+                            dtype=torch.float32, pipeline=str(get_pipeline("requant-dq4")),
+                            op="sum", call=0, tile_elems=p2p.TILE_ELEMS)
+        out["stall"] = ("absent",)
+        return
+    out["stall"] = _timed_failure(rank, n, size)
+
+
+def _plan_absent(rank: int, n: int, out: dict) -> None:
+    """Rank n-1 never calls all_reduce."""
+    out["absent"] = ("absent",) if rank == n - 1 else _timed_failure(rank, n, SIZES["stall"] + 1)
+
+
+def _timed_failure(rank: int, n: int, size: int):
+    t = _inputs(n, size, 11)[rank]
+    before = t.clone()
+    t0 = time.perf_counter()
+    try:
+        api.all_reduce(t, "requant-dq4", timeout=SHORT)
+        return ("no error", None, 0.0, True)
+    except Exception as e:
+        return (type(e).__name__, str(e), time.perf_counter() - t0, torch.equal(t, before))
+
+
+_PLANS = {"main": _plan_main, "features": _plan_features, "group": _plan_group,
+          "stall": _plan_stall, "absent": _plan_absent}
+
+
+def _worker(rank, n, port, plans, queue, barrier) -> None:
+    torch.set_num_threads(1)
+    out: dict = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=n, timeout=datetime.timedelta(seconds=60))
+        for plan in plans:
+            _PLANS[plan](rank, n, out)
+            # keeps an absent rank alive (its link open) until the others have timed out
+            barrier.wait(timeout=120)
+    except Exception:
+        out["crash"] = traceback.format_exc()
+    queue.put((rank, out))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@functools.cache
+def _world(n: int, plans: tuple[str, ...]) -> list[dict]:
+    """Every rank's results of running ``plans`` in a fresh gloo world of ``n`` processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(n)
+    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
+    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")  # n processes on 2 cores
+    try:
+        procs = [ctx.Process(target=_worker, args=(r, n, port, plans, queue, barrier))
+                 for r in range(n)]
+        for pr in procs:
+            pr.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    results: dict[int, dict] = {}
+    deadline = time.monotonic() + 240
+    try:
+        while len(results) < n:
+            try:
+                rank, out = queue.get(timeout=max(1.0, deadline - time.monotonic()))
+            except queue_mod.Empty:
+                codes = [pr.exitcode for pr in procs]
+                raise AssertionError(f"world of {n}: only ranks {sorted(results)} reported; "
+                                     f"exit codes {codes}") from None
+            results[rank] = out
+    finally:
+        for pr in procs:
+            pr.join(timeout=30)
+            if pr.is_alive():
+                pr.kill()
+    for r in range(n):
+        assert "crash" not in results[r], f"rank {r} crashed:\n{results[r]['crash']}"
+    return [results[r] for r in range(n)]
+
+
+WORLDS = {1: ("main", "features"), 2: ("main", "features", "stall"), 3: ("main", "absent"),
+          4: ("main", "group"), 8: ("main",)}
+SIZES_N = [1, 2, 3, 4, pytest.param(8, marks=pytest.mark.slow)]
+
+
+def _ok(res: dict, key: str):
+    status, *rest = res[key]
+    assert status == "ok", f"{key}: {rest[0]}: {rest[1]}"
+    return rest[0]
+
+
+def _same_bits(a: np.ndarray, b) -> bool:
+    b = np.asarray(b, dtype=np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+# ---- tests ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", SIZES_N)
+def test_passthrough_matches_torch_within_fp32_rounding(n):
+    res = _world(n, WORLDS[n])
+    x = _inputs(n, D)
+    exact = x.double().sum(0).numpy()
+    # Both executors add the same n float32 terms in some order with float32 roundings; any
+    # such recursive sum obeys |computed - exact| <= gamma_{n-1} * sum_i |x_i| with
+    # gamma_k = k*u/(1 - k*u) and u = 2**-24 (Higham, Accuracy and Stability, eq. 4.4). The two
+    # results may then differ by twice that.
+    u = 2.0**-24
+    gamma = (n - 1) * u / (1 - (n - 1) * u)
+    bound = gamma * x.double().abs().sum(0).numpy()
+    ref = res[0]["torch"][1]
+    for r in range(n):
+        ours = _ok(res[r], "passthrough-fp32")[0]
+        assert _same_bits(ours, _ok(res[0], "passthrough-fp32")[0])
+        assert np.all(np.abs(ours - exact) <= bound)
+        assert np.all(np.abs(ours - ref) <= 2 * bound)
+    assert np.all(np.abs(ref - exact) <= bound)
+
+
+@pytest.mark.parametrize("n", SIZES_N)
+def test_requant_equals_simulator_bit_for_bit(n):
+    res = _world(n, WORLDS[n])
+    x = _inputs(n, D)
+    keys = [f"{name}/0" for name in _pipelines(n)] + ["requant-dq4/1"]
+    for key in keys:
+        name, call = key.split("/")
+        sim = simulate(name, x, call=int(call))
+        for r in range(n):
+            y, sent = _ok(res[r], key)
+            assert _same_bits(y, sim.results[r].numpy()), f"{key}, rank {r}"
+            assert _same_bits(y, _ok(res[0], key)[0])
+            assert sent == sim.bytes_sent[r]
+            assert 8 * sent / D == sim.bits_per_coord[r]
+    if n > 1:  # the call counter draws fresh random numbers
+        assert not _same_bits(_ok(res[0], "requant-dq4/0")[0], _ok(res[0], "requant-dq4/1")[0])
+
+
+@pytest.mark.parametrize("n", SIZES_N)
+def test_tiled_messages_equal_simulator(n):
+    res = _world(n, WORLDS[n])
+    x = _inputs(n, D)
+    for name in _pipelines(n):
+        sim = simulate(name, x, call=7)
+        for r in range(n):
+            y, sent, messages = _ok(res[r], f"{name}/tiled")
+            assert _same_bits(y, sim.results[r].numpy()), f"{name}, rank {r}"
+            assert sent == sim.bytes_sent[r]
+            if n > 1:
+                assert messages > res[r][f"{name}/messages"]  # really cut into tiles
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_low_precision_avg_and_async(n):
+    res = _world(n, WORLDS[n])
+    for key, dtype, seed, name in (("bf16", torch.bfloat16, 2, "requant-dq4"),
+                                   ("fp16", torch.float16, 3, "passthrough-fp32")):
+        shape = SIZES[key]
+        x = _inputs(n, math.prod(shape), seed).to(dtype)
+        want = simulate(name, x).results.to(dtype).float().numpy()
+        for r in range(n):
+            y, got_dtype, got_shape = _ok(res[r], key)
+            assert got_dtype == str(dtype) and got_shape == shape
+            assert _same_bits(y, want[r])
+    xa = _inputs(n, SIZES["avg"], 4)
+    for call in (0, 1):
+        want = simulate("requant-dq4", xa, op="avg", call=call).results
+        for r in range(n):
+            assert _same_bits(_ok(res[r], f"avg/{call}"), want[r].numpy())
+    xs = [_inputs(n, SIZES["async"], 5 + i) for i in range(3)]
+    for r in range(n):
+        ys, done, ok0, ok1 = _ok(res[r], "async")
+        assert done == (True, True) and ok0 and ok1
+        for call, (x, y) in enumerate(zip(xs, ys)):
+            assert _same_bits(y, simulate("requant-dq4", x, call=call).results[r].numpy())
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_nan_reaches_every_rank(n):
+    res = _world(n, WORLDS[n])
+    xn = _inputs(n, SIZES["nan"], 8)
+    xn[0, 5] = float("nan")
+    for name in ("passthrough-fp32", "requant-dq4"):
+        want = simulate(name, xn).results
+        block = get_pipeline(name).block_size
+        for r in range(n):
+            y = _ok(res[r], f"nan/{name}")
+            assert not np.isfinite(y[5])
+            assert np.all(np.isfinite(y[max(block, 6):]))  # only NaN's own block is hit
+            assert _same_bits(y, want[r].numpy())
+
+
+def test_subgroups_map_ranks_and_count_calls_apart():
+    res = _world(4, WORLDS[4])
+    x = _inputs(4, D, 12)
+    for parity in (0, 1):
+        members = list(range(parity, 4, 2))
+        want = simulate("requant-dq4", x[members]).results  # each group's first call: call 0
+        for group_rank, r in enumerate(members):
+            y, got_rank = _ok(res[r], "group")
+            assert got_rank == group_rank
+            assert _same_bits(y, want[group_rank].numpy())
+
+
+def test_disagreeing_ranks_raise_everywhere_and_leave_tensors_untouched():
+    res = _world(2, WORLDS[2])
+    for r in range(2):
+        kind, msg, untouched = res[r]["spec"]
+        assert kind == "RuntimeError" and untouched
+        assert "rank 0 has 'requant(quantizer=dq4_hier)@ring'" in msg
+        assert "rank 1 has 'requant(quantizer=dq8_hier)@ring'" in msg
+        kind, msg, untouched = res[r]["numel"]
+        assert kind == "RuntimeError" and untouched
+        assert "rank 0 has 1500 elements" in msg and "rank 1 has 1400 elements" in msg
+        kind, msg, untouched = res[r]["dtype"]
+        assert kind == "RuntimeError" and untouched
+        assert "rank 0 has bfloat16" in msg and "rank 1 has float32" in msg
+    # a refused call leaves the group usable
+    xs = _inputs(2, SIZES["after"], 10)
+    for r in range(2):
+        assert _same_bits(_ok(res[r], "after"), simulate("passthrough-fp32", xs).results[r])
+
+
+def test_stalled_peer_times_out_naming_step_and_peer():
+    res = _world(2, WORLDS[2])
+    kind, msg, seconds, untouched = res[0]["stall"]
+    assert kind == "TimeoutError", msg
+    assert "step 0" in msg and "rank 1" in msg
+    assert SHORT - 0.5 <= seconds < SHORT + 10
+    assert untouched
+
+
+def test_absent_rank_times_out_everywhere():
+    res = _world(3, WORLDS[3])
+    for r in range(2):
+        kind, msg, seconds, untouched = res[r]["absent"]
+        assert kind == "TimeoutError", msg
+        # the metadata check is a collective: it knows that a rank is missing, not which
+        assert "before step 0" in msg and f"within {SHORT}s" in msg
+        assert SHORT - 0.5 <= seconds < SHORT + 10
+        assert untouched
+
+
+def test_argument_errors_need_no_process_group():
+    with pytest.raises(TypeError, match="float32, bfloat16 and float16"):
+        api.all_reduce(torch.ones(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="float32, bfloat16 and float16"):
+        api.all_reduce(torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="empty"):
+        api.all_reduce(torch.ones(0))
+    with pytest.raises(ValueError, match="Numba"):
+        api.all_reduce(torch.ones(3, device="meta"))
+    with pytest.raises(UnknownNameError, match="passthrough-fp32"):
+        api.all_reduce(torch.ones(3), "no-such-pipeline")
+    with pytest.raises(ValueError, match="op must be"):
+        api.all_reduce(torch.ones(3), op="max")
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="init_process_group"):
+            api.all_reduce(torch.ones(3))
