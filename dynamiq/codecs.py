@@ -161,12 +161,21 @@ class Passthrough(PartialSumCodec):
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         if writeback not in _WRITEBACK:
             raise ValueError(f"writeback must be one of {_WRITEBACK}")
-        t = acc + data.view(self._dtype).float()
-        out = self._as_bytes(t, out)
+        if out is None:
+            out = torch.empty(self.wire_bytes(acc.numel()), dtype=torch.uint8)
+        incoming = data.view(self._dtype)
+        if self.wire == "fp32":
+            # one pass: the sum is written straight into the outgoing bytes
+            torch.add(acc, incoming, out=out.view(torch.float32))
+            if writeback != "none":
+                acc.copy_(out.view(torch.float32))
+            return out
+        t = acc + incoming.float()
+        out.view(torch.bfloat16).copy_(t)
         if writeback == "sum":
             acc.copy_(t)
         elif writeback == "decoded":
-            acc.copy_(out.view(self._dtype))
+            acc.copy_(out.view(torch.bfloat16))
         return out
 
     def spec(self) -> str:
