@@ -177,16 +177,30 @@ def all_reduce(
     if dist.get_rank(group) < 0:
         raise ValueError("this process is not a member of the given process group")
     call = _next_call(group, spec, tensor.numel())
-    # the private float32 copy doubles as the executor's accumulator; it is taken at issue time
-    flat = tensor.detach().reshape(-1).to(torch.float32, copy=True).contiguous()
+    if tensor.dtype == torch.float32 and tensor.is_contiguous():
+        # Reduce in place and keep a backup instead of working on a copy: one full-size copy
+        # per call instead of two, and the caller's values come back if anything raises.
+        flat = tensor.detach().view(-1)
+        backup: torch.Tensor | None = flat.clone()
+    else:
+        # the private float32 copy doubles as the executor's accumulator (taken at issue time)
+        flat = tensor.detach().reshape(-1).to(torch.float32, copy=True).contiguous()
+        backup = None
 
     def job() -> None:
-        y = p2p.run_p2p(flat, p, group=group, call=call, timeout=float(timeout),
-                        dtype=tensor.dtype, op=mode, consume=True)
-        if mode == "avg":
-            y = y / dist.get_world_size(group)
-        with torch.no_grad():
-            tensor.copy_(y.view(tensor.shape))
+        try:
+            y = p2p.run_p2p(flat, p, group=group, call=call, timeout=float(timeout),
+                            dtype=tensor.dtype, op=mode, consume=True)
+            with torch.no_grad():
+                if mode == "avg":
+                    y = y.div_(dist.get_world_size(group))
+                if y.data_ptr() != tensor.data_ptr() or y.dtype != tensor.dtype:
+                    tensor.copy_(y.view(tensor.shape))
+        except BaseException:
+            if backup is not None:
+                with torch.no_grad():
+                    flat.copy_(backup)
+            raise
 
     global _executor
     if not async_op:
