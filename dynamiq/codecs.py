@@ -18,7 +18,8 @@ their defaults are left out) is what pipelines print and parse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +48,8 @@ class HopContext:
         stream: Stream ids, e.g. ``(call, chunk)``.
         rank, world_size: The compressing rank and the number of ranks.
         index_offset: Global index of the chunk's first coordinate in the flat vector.
+        stats: The metadata phase's global per-super-group statistics (name → float64 tensor
+            over the whole vector), for components that declare ``statistics``.
     """
 
     seed: int = 0
@@ -54,6 +57,7 @@ class HopContext:
     rank: int = 0
     world_size: int = 1
     index_offset: int = 0
+    stats: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, hash=False)
 
 
 _WRITEBACK = ("none", "sum", "decoded")
@@ -66,10 +70,13 @@ class PartialSumCodec:
         block_size: Chunk boundaries must fall on multiples of it (blocks are coded
             independently, so a chunk can be coded alone with the same result).
         lossless: Whether ``decompress(compress(x)) == x`` exactly.
+        statistics: Names (in :data:`dynamiq.collectives.metadata.STATISTICS`) of the
+            per-super-group statistics the codec needs from the metadata phase.
     """
 
     block_size: int = 1
     lossless: bool = False
+    statistics: tuple[str, ...] = ()
 
     def wire_bytes(self, n: int) -> int:  # pragma: no cover - abstract
         """Bytes on the wire for a chunk of ``n`` coordinates."""

@@ -86,6 +86,12 @@ class Pipeline:
         return self.codec  # type: ignore[return-value]
 
     @property
+    def statistics(self) -> tuple[str, ...]:
+        """Sorted names of the per-super-group statistics its components declare."""
+        parts = [self.codec, *(c for _, c in self.level_codecs), *self.transforms]
+        return tuple(sorted({s for c in parts for s in getattr(c, "statistics", ())}))
+
+    @property
     def block_size(self) -> int:
         """Alignment of chunk boundaries: the largest block size among the codecs."""
         return max([self.codec.block_size] + [c.block_size for _, c in self.level_codecs])

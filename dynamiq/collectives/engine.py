@@ -63,6 +63,9 @@ class Plan:
     call: int = 0
     schedule: Schedule = field(init=False)
     bounds: list[tuple[int, int]] = field(init=False)
+    #: global statistics from the metadata phase (set by the executor when the pipeline
+    #: declares any), passed to every hop through its context
+    stats: dict[str, torch.Tensor] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.schedule = self.pipeline.topology.schedule(self.world_size)
@@ -96,7 +99,7 @@ class Plan:
     def context(self, rank: int, chunk: int) -> HopContext:
         """Random-number context of ``rank`` compressing ``chunk`` in this call."""
         return HopContext(stream=(self.call, chunk), rank=rank, world_size=self.world_size,
-                          index_offset=self.bounds[chunk][0])
+                          index_offset=self.bounds[chunk][0], stats=self.stats)
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         """Codec of ``rank``'s reduce send of ``chunk`` (the main codec for the owner)."""

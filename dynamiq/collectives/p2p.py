@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from dynamiq.codecs import HopContext, PartialSumCodec
 from dynamiq.collectives.engine import Plan, RankState, chunk_bounds
+from dynamiq.collectives.metadata import STATISTICS, local_statistics
 from dynamiq.collectives.topology import Schedule, Transfer
 from dynamiq.pipeline import Pipeline, get_pipeline
 
@@ -62,8 +63,10 @@ class P2PStats:
         bytes_sent, bytes_received: Payload bytes this rank put on / took off the wire (the
             metadata check is counted apart in ``metadata_bytes``).
         messages_sent: Point-to-point messages sent (tiles count one each).
-        metadata_bytes: Bytes of the metadata tensor all-reduced before the exchange.
+        metadata_bytes: Bytes of the metadata tensor all-reduced before the exchange (the
+            fingerprint, plus the declared statistics when the pipeline has any).
         seconds: Wall time of the call on this rank.
+        stats: The global per-super-group statistics of the metadata phase (or ``None``).
     """
 
     rank: int
@@ -76,6 +79,7 @@ class P2PStats:
     messages_sent: int = 0
     metadata_bytes: int = 0
     seconds: float = 0.0
+    stats: dict | None = None
 
     @property
     def bits_per_coord(self) -> float:
@@ -170,6 +174,7 @@ class _TiledPlan(Plan):
         self.schedule = layout.schedule
         self.bounds = layout.bounds
         self._layout = layout
+        self.stats = None
 
     def codec(self, t: Transfer) -> PartialSumCodec:
         if t.phase == "gather":
@@ -178,7 +183,8 @@ class _TiledPlan(Plan):
 
     def context(self, rank: int, chunk: int) -> HopContext:
         return HopContext(stream=(self.call, self._layout.parent[chunk]), rank=rank,
-                          world_size=self.world_size, index_offset=self.bounds[chunk][0])
+                          world_size=self.world_size, index_offset=self.bounds[chunk][0],
+                          stats=self.stats)
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         t = self._layout.send.get((chunk, rank))
@@ -365,6 +371,23 @@ def _check_metadata(
     return meta.numel() * meta.element_size()
 
 
+def _exchange_statistics(group, names: tuple[str, ...], y: torch.Tensor, timeout: float
+                         ) -> dict[str, torch.Tensor]:
+    """Global per-super-group statistics: one float64 all-reduce per reduction kind."""
+    local = local_statistics(names, y.cpu()).to(y.device)
+    out: dict[str, torch.Tensor] = {}
+    for kind, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
+        rows = [i for i, n in enumerate(names) if STATISTICS[n].reduce == kind]
+        if not rows:
+            continue
+        t = local[rows].contiguous()
+        work = dist.all_reduce(t, op=op, group=group, async_op=True)
+        _wait(work, timeout, "metadata statistics before step 0",
+              f"not all ranks joined within {timeout}s", "failed")
+        out.update({names[i]: t[k] for k, i in enumerate(rows)})
+    return out
+
+
 # ---- the exchange -----------------------------------------------------------------------------
 def _global(group, r: int) -> int:
     # P2POp takes global ranks; the default group's ranks already are
@@ -512,7 +535,12 @@ def run_p2p(
     gkey = dist.group.WORLD if group is None else group
     prog = _cached(_programs, (p, world, length, tile, gkey, rank, str(y.device)),
                    lambda: _build_program(layout, rank, y.device))
-    state = RankState(_TiledPlan(prog.layout, call), rank, y)
+    plan = _TiledPlan(prog.layout, call)
+    if p.statistics:
+        plan.stats = _exchange_statistics(group, p.statistics, y, timeout)
+        stats.stats = plan.stats
+        stats.metadata_bytes += sum(v.numel() * v.element_size() for v in plan.stats.values())
+    state = RankState(plan, rank, y)
     with prog.lock:
         for st in prog.steps:
             _run_step(st, state, group, timeout, stats)

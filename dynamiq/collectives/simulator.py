@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dynamiq.collectives.engine import Plan, RankState
+from dynamiq.collectives.metadata import combine, local_statistics
 from dynamiq.pipeline import Pipeline, get_pipeline
 
 __all__ = ["SimulationResult", "simulate"]
@@ -31,6 +32,8 @@ class SimulationResult:
         bytes_sent: Bytes each rank put on the wire.
         bits_per_coord: ``8 * bytes_sent / d`` per rank.
         seconds: Wall time of the simulation.
+        stats: Global per-super-group statistics of the metadata phase (``None`` unless the
+            pipeline's components declare some).
     """
 
     results: torch.Tensor
@@ -40,6 +43,7 @@ class SimulationResult:
     bytes_sent: list[int] = field(default_factory=list)
     bits_per_coord: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    stats: dict[str, torch.Tensor] | None = None
 
 
 def _check_inputs(inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
@@ -106,6 +110,8 @@ def simulate(
         lengths.append(ys[0].numel())
     length = ys[0].numel()
     plan = Plan(p, n, length, call)
+    if p.statistics:
+        plan.stats = combine(p.statistics, [local_statistics(p.statistics, y) for y in ys])
     states = [RankState(plan, r, ys[r]) for r in range(n)]
     shadow = [y.double() for y in ys] if track_hops else []
     hop = []
@@ -140,4 +146,4 @@ def simulate(
     vn = float(((res[0].double() - exact) ** 2).sum() / (exact**2).sum().clamp_min(1e-300))
     sent = [s.bytes_sent for s in states]
     return SimulationResult(res, exact, vn, hop, sent, [8 * b / d for b in sent],
-                            time.perf_counter() - t0)
+                            time.perf_counter() - t0, plan.stats)

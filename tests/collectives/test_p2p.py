@@ -23,11 +23,24 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dynamiq.codecs import CODECS, Passthrough
 from dynamiq.collectives import api, p2p
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import get_pipeline
 from dynamiq.registry import UnknownNameError
 
+
+@CODECS.register("test_p2p_stats_probe")
+class _StatsProbe(Passthrough):
+    """fp32 passthrough declaring metadata statistics (registered in every spawned rank too)."""
+
+    statistics = ("absmax", "sum", "sumsq")
+
+    def spec(self) -> str:
+        return "test_p2p_stats_probe"
+
+
+PROBE = "test_p2p_stats_probe@ring"
 D = 10_000  # not a multiple of the 256-element block: exercises padded tails
 TILE = 512  # forced tile size: several tiles per chunk at D, for every world size used
 SHORT = 3.0  # seconds a rank waits for an absent peer in the timeout checks
@@ -90,6 +103,12 @@ def _plan_main(rank: int, n: int, out: dict) -> None:
         p2p.run_p2p(x, name, call=7, timeout=30)  # untiled, to count its messages
         out[f"{name}/messages"] = p2p.last_stats.messages_sent
     _record(out, "requant-dq4/1", lambda: ours("requant-dq4"))  # second call: call 1
+
+    def probe():
+        y = _reduced(x, PROBE)
+        return y, {k: v.double().numpy().copy() for k, v in (p2p.last_stats.stats or {}).items()}
+
+    _record(out, "probe", probe)
 
 
 def _plan_features(rank: int, n: int, out: dict) -> None:
@@ -304,6 +323,24 @@ def test_requant_equals_simulator_bit_for_bit(n):
             assert 8 * sent / D == sim.bits_per_coord[r]
     if n > 1:  # the call counter draws fresh random numbers
         assert not _same_bits(_ok(res[0], "requant-dq4/0")[0], _ok(res[0], "requant-dq4/1")[0])
+
+
+@pytest.mark.parametrize("n", SIZES_N)
+def test_metadata_statistics_reach_every_rank(n):
+    res = _world(n, WORLDS[n])
+    x = _inputs(n, D)
+    sim = simulate(PROBE, x)
+    for r in range(n):
+        y, stats = _ok(res[r], "probe")
+        assert _same_bits(y, sim.results[r].numpy())
+        if n == 1:
+            continue  # world size 1 is a copy: no exchange, no metadata
+        assert set(stats) == {"absmax", "sum", "sumsq"}
+        for name, v in stats.items():
+            want = sim.stats[name].numpy()
+            # max is exact; float64 sums of n float32 terms differ only by summation order
+            assert np.allclose(v, want, rtol=1e-12, atol=1e-9), name
+            assert np.array_equal(v, _ok(res[0], "probe")[1][name]), "ranks disagree"
 
 
 @pytest.mark.parametrize("n", SIZES_N)
