@@ -87,8 +87,13 @@ def encode_group(src, base, gidx0, inv, pre, codes, cpos, tables, consts, rand, 
 
 
 @nb.njit(cache=True)
-def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb):
-    """Encode block ``b`` whose elements are ``src[base:base+BLOCK]`` (scales, then codes)."""
+def block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep, goff):
+    """Scales of block ``b`` (elements ``src[base:base+BLOCK]``), and how to code its elements.
+
+    Writes the super-group and group scale codes, and for each group ``gi`` of the block the
+    element normalisation ``(x * gpre) * ginv`` and ``gkeep`` (0 for a group whose codes must be
+    zero because the group or its block holds NaN/Inf) at index ``goff + gi``.
+    """
     stab, sdec, utab, udec = tables[3], tables[4], tables[5], tables[6]
     snfin, slogp, snan, sdiv, unfin, ulogp, unan = consts[:7]
     offset = rand[8]
@@ -106,16 +111,15 @@ def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb):
         g = b * GPB + gi
         gs = base + gi * GROUP
         gidx = offset + b * BLOCK + gi * GROUP
+        ginv[goff + gi] = np.float32(0.0)
+        gpre[goff + gi] = np.float32(1.0)
+        gkeep[goff + gi] = np.uint32(0)
         if block_bad:
             store_word(scales, g * SBYTES, SBYTES, 0)
-            for k in range(GBYTES):
-                codes[g * GBYTES + k] = 0
             continue
         amax, bad = absmax(src, gs, GROUP)
         if bad:
             store_word(scales, g * SBYTES, SBYTES, snan)
-            for k in range(GBYTES):
-                codes[g * GBYTES + k] = 0
             continue
         sstar = amax / sdiv
         us = np.float32(0.0)
@@ -135,8 +139,26 @@ def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb):
         # A subnormal normaliser has no finite float32 inverse: lift the group by an exact
         # power of two first, so that 0 stays 0 and |x| / norm keeps its value.
         pre = np.float32(1.0) if norm >= TINY else LIFT
-        inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
-        encode_group(src, gs, gidx, inv, pre, codes, g * GBYTES, tables, consts, rand, cb)
+        ginv[goff + gi] = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
+        gpre[goff + gi] = pre
+        gkeep[goff + gi] = np.uint32(1)
+
+
+@nb.njit(cache=True)
+def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb, ginv, gpre,
+                 gkeep):
+    """Encode block ``b`` whose elements are ``src[base:base+BLOCK]`` (scales, then codes).
+
+    ``cb`` (GROUP codes) and ``ginv``/``gpre``/``gkeep`` (GPB groups) are scratch.
+    """
+    block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep, 0)
+    for gi in range(GPB):
+        g = b * GPB + gi
+        encode_group(src, base + gi * GROUP, rand[8] + b * BLOCK + gi * GROUP, ginv[gi],
+                     gpre[gi], codes, g * GBYTES, tables, consts, rand, cb)
+        if gkeep[gi] == 0:
+            for k in range(GBYTES):
+                codes[g * GBYTES + k] = 0
 
 
 @nb.njit(cache=True)
@@ -175,16 +197,63 @@ def decode_block(dst, base, b, codes, scales, supers, tables):
 
 @nb.njit(parallel=True, cache=True)
 def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand):
-    """Encode ``nblocks`` blocks of ``x`` (the last, if partial, from the padded ``tail``)."""
+    """Encode ``nblocks`` blocks of ``x`` (the last, if partial, from the padded ``tail``).
+
+    Two passes: every block's scales first, then the element codes of the whole blocks in one
+    flat parallel loop (the compiler vectorises it, table gathers included), then the partial
+    block.
+    """
+    ng = nblocks * GPB
+    ginv = np.empty(ng, np.float32)
+    gpre = np.empty(ng, np.float32)
+    gkeep = np.empty(ng, np.uint32)
     nchunks = (nblocks + CHUNK - 1) // CHUNK
     for c in nb.prange(nchunks):
-        cb = np.empty(GROUP, np.uint32)
         # int64 block indices throughout, so each device function compiles once
         for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
-            if b < nfull:
-                encode_block(x, b * BLOCK, b, codes, scales, supers, tables, consts, rand, cb)
-            else:
-                encode_block(tail, b - b, b, codes, scales, supers, tables, consts, rand, cb)
+            full = b < nfull
+            src = x if full else tail
+            base = b * BLOCK if full else b - b
+            block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep,
+                         b * GPB)
+    etab, lut = tables[0], tables[1]
+    enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
+    k0, k1, p0, p1, rank, world, offset = rand[0], rand[1], rand[2], rand[3], rand[6], \
+        rand[7], rand[8]
+    nfe = nfull * BLOCK
+    if PER == 1:
+        for i in nb.prange(nfe):
+            g = i // GROUP
+            c = element_code(x[i] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0, llen,
+                             MBITS, EMODE, k0, k1, p0, p1, rank, world, offset + i)
+            codes[i] = np.uint8(c * gkeep[g])
+    elif PER > 1:
+        for k in nb.prange(nfe // PER):
+            acc = np.uint32(0)
+            for t in range(PER):
+                i = k * PER + t
+                g = i // GROUP
+                c = element_code(x[i] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0,
+                                 llen, MBITS, EMODE, k0, k1, p0, p1, rank, world, offset + i)
+                acc |= (c * gkeep[g]) << np.uint32(t * BITS)
+            codes[k] = np.uint8(acc)
+    else:
+        for gg in nb.prange(nfull * GPB):
+            cb = np.empty(GROUP, np.uint32)
+            encode_group(x, gg * GROUP, offset + gg * GROUP, ginv[gg], gpre[gg], codes,
+                         gg * GBYTES, tables, consts, rand, cb)
+            if gkeep[gg] == 0:
+                for k in range(GBYTES):
+                    codes[gg * GBYTES + k] = 0
+    if nblocks > nfull:
+        cb = np.empty(GROUP, np.uint32)
+        for gi in range(GPB):
+            g = nfull * GPB + gi
+            encode_group(tail, gi * GROUP, offset + nfe + gi * GROUP, ginv[g], gpre[g], codes,
+                         g * GBYTES, tables, consts, rand, cb)
+            if gkeep[g] == 0:
+                for k in range(GBYTES):
+                    codes[g * GBYTES + k] = 0
 
 
 @nb.njit(parallel=True, cache=True)
@@ -223,6 +292,9 @@ def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, t
         t = np.empty(BLOCK, np.float32)
         u = np.empty(BLOCK, np.float32)
         cb = np.empty(GROUP, np.uint32)
+        ginv = np.empty(GPB, np.float32)
+        gpre = np.empty(GPB, np.float32)
+        gkeep = np.empty(GPB, np.uint32)
         for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
             full = b < nfull
             base = b * BLOCK if full else b - b
@@ -230,7 +302,8 @@ def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, t
             decode_block(u, b - b, b, ic, isc, isu, tables)
             for j in range(BLOCK):
                 t[j] = src[base + j] + u[j]
-            encode_block(t, b - b, b, codes, scales, supers, tables, consts, rand, cb)
+            encode_block(t, b - b, b, codes, scales, supers, tables, consts, rand, cb, ginv, gpre,
+                         gkeep)
             if writeback == 1:
                 for j in range(BLOCK):
                     src[base + j] = t[j]
