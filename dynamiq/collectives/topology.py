@@ -565,15 +565,7 @@ class Ring(Topology):
             for r in range(n)
         ]
         parents = tuple(tuple(-1 if r == c else (r + 1) % n for r in range(n)) for c in range(n))
-        return Schedule(
-            world_size=n,
-            num_chunks=n,
-            owners=tuple(range(n)),
-            parents=parents,
-            chunk_weights=_equal_weights(n),
-            transfers=tuple(sorted(transfers, key=Transfer.sort_key)),
-            name=self.spec(),
-        )
+        return _chunk_per_rank(n, parents, transfers, self.spec())
 
 
 @TOPOLOGIES.register("butterfly")
@@ -624,15 +616,22 @@ class Butterfly(Topology):
             tuple(-1 if r == c else r ^ (1 << ((r ^ c).bit_length() - 1)) for r in range(n))
             for c in range(n)
         )
-        return Schedule(
-            world_size=n,
-            num_chunks=n,
-            owners=tuple(range(n)),
-            parents=parents,
-            chunk_weights=_equal_weights(n),
-            transfers=tuple(sorted(transfers, key=Transfer.sort_key)),
-            name=self.spec(),
-        )
+        return _chunk_per_rank(n, parents, transfers, self.spec())
+
+
+def _chunk_per_rank(
+    n: int, parents: tuple[tuple[int, ...], ...], transfers: list[Transfer], name: str
+) -> Schedule:
+    """A schedule of ``n`` equal chunks, chunk ``c`` owned by rank ``c`` (ring, butterfly)."""
+    return Schedule(
+        world_size=n,
+        num_chunks=n,
+        owners=tuple(range(n)),
+        parents=parents,
+        chunk_weights=_equal_weights(n),
+        transfers=tuple(sorted(transfers, key=Transfer.sort_key)),
+        name=name,
+    )
 
 
 def _phase_steps(sched: Schedule, phase: str) -> tuple[list[Transfer], int, int]:
