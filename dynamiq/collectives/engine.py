@@ -115,9 +115,14 @@ class RankState:
         rank: This rank.
         acc: float32[plan.length] local (transformed) contribution; used in place as the
             accumulator and, at the end, holds the all-reduced result.
+        buffers: Optional ``chunk -> uint8 tensor`` pool for the bytes this rank compresses
+            (each rank compresses a chunk at most once per call, so one buffer per chunk
+            suffices). An executor that keeps the dict between calls reuses the buffers instead
+            of allocating new ones; they are (re)allocated here when missing or of another size.
     """
 
-    def __init__(self, plan: Plan, rank: int, acc: torch.Tensor) -> None:
+    def __init__(self, plan: Plan, rank: int, acc: torch.Tensor,
+                 buffers: dict[int, torch.Tensor] | None = None) -> None:
         if acc.dtype != torch.float32 or acc.numel() != plan.length:
             raise ValueError("accumulator must be float32 of the plan's length")
         self.plan = plan
@@ -128,6 +133,15 @@ class RankState:
         self._outbox: dict[int, torch.Tensor] = {}
         self.final: dict[int, torch.Tensor] = {}
         self.bytes_sent = 0
+        self._buffers = {} if buffers is None else buffers
+
+    def _buffer(self, chunk: int, codec: PartialSumCodec) -> torch.Tensor:
+        size = codec.wire_bytes(self.plan.size(chunk))
+        buf = self._buffers.get(chunk)
+        if buf is None or buf.numel() != size:
+            buf = torch.empty(size, dtype=torch.uint8, device=self.acc.device)
+            self._buffers[chunk] = buf
+        return buf
 
     def _view(self, chunk: int) -> torch.Tensor:
         a, b = self.plan.bounds[chunk]
@@ -140,7 +154,9 @@ class RankState:
             data = self.final[c]
         elif self._remaining[c] == 0 and c not in self._outbox:
             # a leaf: compress the local chunk as it is sent
-            data = self.plan.codec(t).compress(self._view(c), self.plan.context(self.rank, c))
+            codec = self.plan.codec(t)
+            data = codec.compress(self._view(c), self.plan.context(self.rank, c),
+                                  out=self._buffer(c, codec))
         else:
             data = self._outbox.pop(c)
         self.bytes_sent += data.numel()
@@ -164,11 +180,13 @@ class RankState:
         out_codec = plan.outgoing_codec(self.rank, c)
         ctx = plan.context(self.rank, c)
         writeback = "decoded" if owner else "none"
+        buf = self._buffer(c, out_codec)
         if incoming == out_codec:
-            out = out_codec.decompress_accumulate_recompress(data, view, ctx, writeback=writeback)
+            out = out_codec.decompress_accumulate_recompress(data, view, ctx, out=buf,
+                                                             writeback=writeback)
         else:
             incoming.decompress_accumulate(data, view)
-            out = out_codec.compress(view, ctx)
+            out = out_codec.compress(view, ctx, out=buf)
             if owner:
                 out_codec.decompress(out, view)
         if owner:

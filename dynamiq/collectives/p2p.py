@@ -207,6 +207,8 @@ class _Program:
     layout: _Layout
     steps: list[_Step] = field(default_factory=list)
     recv_bytes: int = 0
+    # bytes this rank compresses, one buffer per chunk, reused by every call (RankState fills it)
+    send_buffers: dict = field(default_factory=dict)
     # the receive buffers belong to one call at a time; a second thread reducing on the same
     # group, pipeline and size waits instead of overwriting them
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -540,8 +542,8 @@ def run_p2p(
         plan.stats = _exchange_statistics(group, p.statistics, y, timeout)
         stats.stats = plan.stats
         stats.metadata_bytes += sum(v.numel() * v.element_size() for v in plan.stats.values())
-    state = RankState(plan, rank, y)
     with prog.lock:
+        state = RankState(plan, rank, y, prog.send_buffers)
         for st in prog.steps:
             _run_step(st, state, group, timeout, stats)
     y = state.acc
