@@ -102,6 +102,42 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from dynamiq import PIPELINES, get_pipeline, simulate
+
+    names = args.pipeline.split(";") if args.pipeline else [
+        "passthrough-bf16", "requant-mxfp8", "requant-dq8", "requant-dq4", "requant-dq4-butterfly"
+    ]
+    n, d = args.world_size, args.n
+    # data-parallel gradients: a shared component plus each worker's own noise
+    common = _synthetic_gradient(d, args.seed)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    scale = common.abs().mean()
+    inputs = torch.stack([common + args.noise * scale * torch.randn(d, generator=g)
+                          for _ in range(n)])
+    print(f"{n} virtual ranks, {d:,} coordinates each (gradient-like, noise {args.noise})")
+    print(f"{'pipeline':<24} {'bits/coord':>10} {'vNMSE':>11} {'worst hop':>11} {'seconds':>8}")
+    rows = []
+    for name in names:
+        p = get_pipeline(name)
+        if not p.topology.supports(n):  # type: ignore[union-attr]
+            print(f"{name:<24} (topology {p.topology} does not support {n} ranks; skipped)")
+            continue
+        r = simulate(p, inputs)
+        label = name if name in PIPELINES else str(p)
+        # bits each rank puts on the wire per coordinate, as 2(n-1)/n of the payload's own
+        bits = max(r.bits_per_coord)
+        worst = max(r.hop_vnmse) if r.hop_vnmse else 0.0
+        print(f"{label:<24} {bits:>10.3f} {r.vnmse:>11.3e} {worst:>11.3e} {r.seconds:>8.2f}")
+        rows.append({"pipeline": str(p), "world_size": n, "bits_per_coord": bits,
+                     "vnmse": r.vnmse, "hop_vnmse": r.hop_vnmse, "seconds": r.seconds})
+    print("bits/coord = bytes each rank sends / coordinates (a ring sends 2(n-1)/n of the vector)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _cmd_bench_codec(args: argparse.Namespace) -> int:
     from dynamiq.bench import codec
 
@@ -147,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", help="write the results to this JSON file")
     q.set_defaults(func=_cmd_quantize)
 
+    sm = sub.add_parser("simulate",
+                        help="run pipelines over virtual ranks and report error and bits")
+    sm.add_argument("--pipeline", help="';'-separated registered names or spec strings "
+                    "(default: a comparison of the registered ones)")
+    sm.add_argument("--world-size", type=int, default=8)
+    sm.add_argument("--n", type=int, default=1 << 18, help="coordinates per rank")
+    sm.add_argument("--noise", type=float, default=0.5,
+                    help="per-rank noise relative to the mean gradient magnitude")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--json", help="write the results to this JSON file")
+    sm.set_defaults(func=_cmd_simulate)
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bc = bsub.add_parser(
@@ -174,9 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dynamiq`` console command."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "n", 1) is not None and getattr(args, "n", 1) <= 0:
-        print("dynamiq: --n must be positive", file=sys.stderr)
-        return 2
+    for opt in ("n", "world_size"):
+        if getattr(args, opt, 1) is not None and getattr(args, opt, 1) <= 0:
+            print(f"dynamiq: --{opt.replace('_', '-')} must be positive", file=sys.stderr)
+            return 2
     return int(args.func(args) or 0)
 
 

@@ -53,5 +53,23 @@ def test_bench_codec_reports_ratios(tmp_path, capsys):
     assert "memory copy" in capsys.readouterr().out
 
 
+def test_simulate_compares_pipelines(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    pipes = "passthrough-fp32;requant-dq4;requant(quantizer=mxfp8)@butterfly"
+    assert main(["simulate", "--world-size", "4", "--n", "4096", "--json", str(out),
+                 "--pipeline", pipes]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["pipeline"] for r in rows] == [
+        "passthrough@ring", "requant(quantizer=dq4_hier)@ring", "requant(quantizer=mxfp8)@butterfly"
+    ]
+    assert rows[0]["vnmse"] < 1e-12 and 0 < rows[1]["vnmse"] < 0.05
+    # a ring of 4 sends 2(n-1)/n = 1.5 times the payload
+    assert rows[0]["bits_per_coord"] == 1.5 * 32
+    assert main(["simulate", "--world-size", "3", "--n", "1024",
+                 "--pipeline", "requant-dq4-butterfly"]) == 0
+    assert "does not support 3 ranks" in capsys.readouterr().out
+
+
 def test_bad_n():
     assert main(["quantize", "--n", "0"]) == 2
+    assert main(["simulate", "--world-size", "0"]) == 2
