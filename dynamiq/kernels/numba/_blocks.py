@@ -86,6 +86,60 @@ def encode_group(src, base, gidx0, inv, pre, codes, cpos, tables, consts, rand, 
                 pos += 1
 
 
+@nb.njit(inline="always", cache=True)
+def byte_codes(src, s0, k, ginv, gpre, gkeep, g0, etab, lut, enfin, lshift, lkey0, llen,
+               k0, k1, p0, p1, rank, world, gidx0):
+    """The ``PER`` codes packed in byte ``k`` of the span starting at ``src[s0]``.
+
+    Element ``j`` of the span belongs to group ``g0 + j // GROUP``, is normalised by
+    ``(x * gpre) * ginv`` of that group and coded as 0 when the group's ``gkeep`` is 0. Arrays
+    come as separate arguments (not inside tuples): a parallel loop then knows they do not
+    alias, which is what lets the compiler vectorise it.
+    """
+    if PER == 1:  # no inner loop: keeps the callers' loops vectorisable
+        g = g0 + k // GROUP
+        c = element_code(src[s0 + k] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0, llen,
+                         MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + k)
+        return np.uint8(c * gkeep[g])
+    acc = np.uint32(0)
+    for t in range(PER):
+        j = k * PER + t
+        g = g0 + j // GROUP
+        c = element_code(src[s0 + j] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0, llen,
+                         MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+        acc |= (c * gkeep[g]) << np.uint32(t * BITS)
+    return np.uint8(acc)
+
+
+@nb.njit(inline="always", cache=True)
+def group_codes(src, s0, q, ginv, gpre, gkeep, g0, codes, c0, tables, consts, rand, gidx0, cb):
+    """Codes of group ``q`` of the span at ``src[s0]`` for widths that straddle bytes."""
+    g = g0 + q
+    pos = c0 + q * GBYTES
+    encode_group(src, s0 + q * GROUP, gidx0 + q * GROUP, ginv[g], gpre[g], codes, pos, tables,
+                 consts, rand, cb)
+    if gkeep[g] == 0:
+        for k in range(GBYTES):
+            codes[pos + k] = 0
+
+
+@nb.njit(inline="always", cache=True)
+def code_span(src, s0, count, ginv, gpre, gkeep, g0, codes, c0, tables, consts, rand, gidx0,
+              cb):
+    """Element codes of ``src[s0:s0+count]`` (whole groups) into ``codes[c0:]`` (serially)."""
+    if PER > 0:
+        etab, lut = tables[0], tables[1]
+        enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
+        k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+        for k in range(count // PER):
+            codes[c0 + k] = byte_codes(src, s0, k, ginv, gpre, gkeep, g0, etab, lut, enfin,
+                                       lshift, lkey0, llen, k0, k1, p0, p1, rank, world, gidx0)
+    else:
+        for q in range(count // GROUP):
+            group_codes(src, s0, q, ginv, gpre, gkeep, g0, codes, c0, tables, consts, rand,
+                        gidx0, cb)
+
+
 @nb.njit(cache=True)
 def block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep, goff):
     """Scales of block ``b`` (elements ``src[base:base+BLOCK]``), and how to code its elements.
@@ -145,23 +199,6 @@ def block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre,
 
 
 @nb.njit(cache=True)
-def encode_block(src, base, b, codes, scales, supers, tables, consts, rand, cb, ginv, gpre,
-                 gkeep):
-    """Encode block ``b`` whose elements are ``src[base:base+BLOCK]`` (scales, then codes).
-
-    ``cb`` (GROUP codes) and ``ginv``/``gpre``/``gkeep`` (GPB groups) are scratch.
-    """
-    block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep, 0)
-    for gi in range(GPB):
-        g = b * GPB + gi
-        encode_group(src, base + gi * GROUP, rand[8] + b * BLOCK + gi * GROUP, ginv[gi],
-                     gpre[gi], codes, g * GBYTES, tables, consts, rand, cb)
-        if gkeep[gi] == 0:
-            for k in range(GBYTES):
-                codes[g * GBYTES + k] = 0
-
-
-@nb.njit(cache=True)
 def decode_block(dst, base, b, codes, scales, supers, tables):
     """Decode block ``b`` into ``dst[base:base+BLOCK]``."""
     edec, sdec, udec = tables[2], tables[4], tables[6]
@@ -200,8 +237,7 @@ def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand)
     """Encode ``nblocks`` blocks of ``x`` (the last, if partial, from the padded ``tail``).
 
     Two passes: every block's scales first, then the element codes of the whole blocks in one
-    flat parallel loop (the compiler vectorises it, table gathers included), then the partial
-    block.
+    flat parallel loop, then the partial block.
     """
     ng = nblocks * GPB
     ginv = np.empty(ng, np.float32)
@@ -216,44 +252,25 @@ def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand)
             base = b * BLOCK if full else b - b
             block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep,
                          b * GPB)
-    etab, lut = tables[0], tables[1]
-    enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
-    k0, k1, p0, p1, rank, world, offset = rand[0], rand[1], rand[2], rand[3], rand[6], \
-        rand[7], rand[8]
-    nfe = nfull * BLOCK
-    if PER == 1:
-        for i in nb.prange(nfe):
-            g = i // GROUP
-            c = element_code(x[i] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0, llen,
-                             MBITS, EMODE, k0, k1, p0, p1, rank, world, offset + i)
-            codes[i] = np.uint8(c * gkeep[g])
-    elif PER > 1:
-        for k in nb.prange(nfe // PER):
-            acc = np.uint32(0)
-            for t in range(PER):
-                i = k * PER + t
-                g = i // GROUP
-                c = element_code(x[i] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0,
-                                 llen, MBITS, EMODE, k0, k1, p0, p1, rank, world, offset + i)
-                acc |= (c * gkeep[g]) << np.uint32(t * BITS)
-            codes[k] = np.uint8(acc)
+    # one flat parallel loop over all bytes (or groups) of the whole blocks: the compiler
+    # vectorises it, table gathers included
+    if PER > 0:
+        etab, lut = tables[0], tables[1]
+        enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
+        k0, k1, p0, p1, rank, world, off = (rand[0], rand[1], rand[2], rand[3], rand[6], rand[7],
+                                            rand[8])
+        for k in nb.prange(nfull * BLOCK // PER):
+            codes[k] = byte_codes(x, 0, k, ginv, gpre, gkeep, 0, etab, lut, enfin, lshift, lkey0,
+                                  llen, k0, k1, p0, p1, rank, world, off)
     else:
-        for gg in nb.prange(nfull * GPB):
+        for q in nb.prange(nfull * GPB):
             cb = np.empty(GROUP, np.uint32)
-            encode_group(x, gg * GROUP, offset + gg * GROUP, ginv[gg], gpre[gg], codes,
-                         gg * GBYTES, tables, consts, rand, cb)
-            if gkeep[gg] == 0:
-                for k in range(GBYTES):
-                    codes[gg * GBYTES + k] = 0
+            group_codes(x, 0, q, ginv, gpre, gkeep, 0, codes, 0, tables, consts, rand, rand[8],
+                        cb)
     if nblocks > nfull:
         cb = np.empty(GROUP, np.uint32)
-        for gi in range(GPB):
-            g = nfull * GPB + gi
-            encode_group(tail, gi * GROUP, offset + nfe + gi * GROUP, ginv[g], gpre[g], codes,
-                         g * GBYTES, tables, consts, rand, cb)
-            if gkeep[g] == 0:
-                for k in range(GBYTES):
-                    codes[g * GBYTES + k] = 0
+        code_span(tail, 0, BLOCK, ginv, gpre, gkeep, nfull * GPB, codes,
+                  nfull * BLOCK * BITS // 8, tables, consts, rand, rand[8] + nfull * BLOCK, cb)
 
 
 @nb.njit(parallel=True, cache=True)
@@ -282,30 +299,44 @@ def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, t
                rand, writeback):
     """Fused ``decompress_accumulate_recompress``.
 
-    Per block, in one pass: ``t = acc + decode(in)`` (float32), then ``encode(t)`` with fresh
-    scales into ``codes/scales/supers``. ``writeback`` chooses what ``acc`` holds afterwards:
+    Per task of ``CHUNK`` blocks, in one pass over the data: ``t = acc + decode(in)`` (float32,
+    staged in a task-sized buffer), then ``encode(t)`` with fresh scales into
+    ``codes/scales/supers``. ``writeback`` chooses what ``acc`` holds afterwards:
     0 unchanged, 1 the sum ``t``, 2 ``decode(encode(t))`` (what a sink keeps so that it equals
     what every receiver decodes).
     """
     nchunks = (nblocks + CHUNK - 1) // CHUNK
     for c in nb.prange(nchunks):
-        t = np.empty(BLOCK, np.float32)
+        b0 = np.int64(c) * CHUNK
+        b1 = min(nblocks, b0 + CHUNK)
+        # the partial sums of the task's blocks are staged in a task-sized buffer
+        t = np.empty(CHUNK * BLOCK, np.float32)
         u = np.empty(BLOCK, np.float32)
         cb = np.empty(GROUP, np.uint32)
-        ginv = np.empty(GPB, np.float32)
-        gpre = np.empty(GPB, np.float32)
-        gkeep = np.empty(GPB, np.uint32)
-        for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
+        ginv = np.empty(CHUNK * GPB, np.float32)
+        gpre = np.empty(CHUNK * GPB, np.float32)
+        gkeep = np.empty(CHUNK * GPB, np.uint32)
+        for b in range(b0, b1):
             full = b < nfull
             base = b * BLOCK if full else b - b
             src = acc if full else tail
+            tb = (b - b0) * BLOCK
             decode_block(u, b - b, b, ic, isc, isu, tables)
             for j in range(BLOCK):
-                t[j] = src[base + j] + u[j]
-            encode_block(t, b - b, b, codes, scales, supers, tables, consts, rand, cb, ginv, gpre,
-                         gkeep)
-            if writeback == 1:
+                t[tb + j] = src[base + j] + u[j]
+            block_scales(t, tb, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep,
+                         (b - b0) * GPB)
+        code_span(t, 0, (b1 - b0) * BLOCK, ginv, gpre, gkeep, 0, codes, b0 * BLOCK * BITS // 8,
+                  tables, consts, rand, rand[8] + b0 * BLOCK, cb)
+        if writeback == 1:
+            for b in range(b0, b1):
+                full = b < nfull
+                base = b * BLOCK if full else b - b
+                src = acc if full else tail
                 for j in range(BLOCK):
-                    src[base + j] = t[j]
-            elif writeback == 2:
-                decode_block(src, base, b, codes, scales, supers, tables)
+                    src[base + j] = t[(b - b0) * BLOCK + j]
+        elif writeback == 2:
+            for b in range(b0, b1):
+                full = b < nfull
+                decode_block(acc if full else tail, b * BLOCK if full else b - b, b, codes,
+                             scales, supers, tables)
