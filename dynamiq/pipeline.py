@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamiq.codecs import PartialSumCodec, Passthrough, Requant, get_codec
+from dynamiq.collectives.metadata import metadata_bits
 from dynamiq.collectives.topology import Topology, get_topology
 from dynamiq.registry import Registry
 from dynamiq.spec import build, format_call, split_top_level
@@ -77,6 +78,15 @@ class Pipeline:
                     f"its link levels are: {', '.join(known) or 'none'}"
                 )
         object.__setattr__(self, "level_codecs", tuple(sorted(lc)))
+        seen_stat = None
+        for t in self.transforms:
+            if getattr(t, "statistics", ()):
+                seen_stat = t
+            elif seen_stat is not None:
+                raise ValueError(
+                    f"transform {transform_spec(seen_stat)} uses the metadata statistics, so it "
+                    f"must come after every data-independent transform (here {transform_spec(t)})"
+                )
 
     def codec_for(self, level: str | None) -> PartialSumCodec:
         """Codec used on links of ``level`` (the main codec when there is no override)."""
@@ -86,10 +96,30 @@ class Pipeline:
         return self.codec  # type: ignore[return-value]
 
     @property
+    def codecs(self) -> tuple[PartialSumCodec, ...]:
+        """The distinct codecs: the main one, then the level overrides."""
+        out: list[PartialSumCodec] = [self.codec]  # type: ignore[list-item]
+        for _, c in self.level_codecs:
+            if c not in out:
+                out.append(c)  # type: ignore[arg-type]
+        return tuple(out)
+
+    @property
     def statistics(self) -> tuple[str, ...]:
-        """Sorted names of the per-super-group statistics its components declare."""
-        parts = [self.codec, *(c for _, c in self.level_codecs), *self.transforms]
+        """Sorted names of the per-block statistics its components declare."""
+        parts = [*self.codecs, *self.transforms]
         return tuple(sorted({s for c in parts for s in getattr(c, "statistics", ())}))
+
+    def metadata_bits(self, length: int) -> int:
+        """Bits per rank of the metadata phase for a (transformed) vector of ``length``."""
+        return metadata_bits(self.statistics, length) + sum(
+            c.metadata_bits(length) for c in self.codecs
+        )
+
+    @property
+    def unbiased(self) -> bool:
+        """Whether every codec is unbiased (transforms are linear and exact in expectation)."""
+        return all(c.unbiased for c in self.codecs)
 
     @property
     def block_size(self) -> int:

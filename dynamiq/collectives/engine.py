@@ -18,15 +18,26 @@ floating-point summation order on every executor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from dynamiq.codecs import HopContext, PartialSumCodec
+from dynamiq.collectives.metadata import STATISTICS, local_statistics
 from dynamiq.collectives.topology import Schedule, Transfer
 from dynamiq.pipeline import Pipeline
 
-__all__ = ["Plan", "RankState", "chunk_bounds"]
+__all__ = [
+    "Plan",
+    "RankState",
+    "apply_transforms",
+    "center_and_prepare",
+    "chunk_bounds",
+    "local_metadata",
+    "undo_transforms",
+]
 
 
 def chunk_bounds(weights: tuple[float, ...], length: int, align: int) -> list[tuple[int, int]]:
@@ -63,9 +74,13 @@ class Plan:
     call: int = 0
     schedule: Schedule = field(init=False)
     bounds: list[tuple[int, int]] = field(init=False)
-    #: global statistics from the metadata phase (set by the executor when the pipeline
-    #: declares any), passed to every hop through its context
+    #: global statistics from the metadata phase (set by :meth:`set_metadata`), as the codecs
+    #: see them (after statistical transforms such as centering adjusted them)
     stats: dict[str, torch.Tensor] | None = field(init=False, default=None)
+    #: the global statistics as exchanged, before any adjustment
+    raw_stats: dict[str, torch.Tensor] | None = field(init=False, default=None)
+    #: per-call decisions of the codecs (codec → prepared value)
+    prepared: dict[Any, Any] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.schedule = self.pipeline.topology.schedule(self.world_size)
@@ -75,6 +90,25 @@ class Plan:
         self._level = dict(zip(self.schedule.transfers, levels))
         self._send: dict[tuple[int, int], Transfer] = {
             (t.chunk, t.src): t for t in self.schedule.transfers if t.phase == "reduce"
+        }
+
+    def set_metadata(self, stats: Mapping[str, torch.Tensor], states: dict) -> None:
+        """Install the global metadata of this call and let the codecs decide (``prepare``).
+
+        Args:
+            stats: Global statistics by name, as combined across ranks.
+            states: Per-tensor state the executor keeps between calls: codec → dict (created
+                here when missing).
+        """
+        self.raw_stats = dict(stats)
+        adjusted = dict(stats)
+        for t in self.pipeline.transforms:
+            if getattr(t, "statistics", ()):
+                adjusted = t.adjust_statistics(adjusted, self.world_size, self.length)
+        self.stats = adjusted
+        self.prepared = {
+            c: c.prepare(adjusted, self.length, self.world_size, states.setdefault(c, {}))
+            for c in self.pipeline.codecs
         }
 
     def size(self, chunk: int) -> int:
@@ -89,8 +123,8 @@ class Plan:
         return self.pipeline.codec_for(self._level[t])
 
     def wire_bytes(self, t: Transfer) -> int:
-        """Bytes carried by transfer ``t``."""
-        return self.codec(t).wire_bytes(self.size(t.chunk))
+        """Bytes carried by transfer ``t`` in this call."""
+        return self.codec(t).wire_bytes(self.size(t.chunk), self.context(t.src, t.chunk))
 
     def active(self, t: Transfer) -> bool:
         """Whether ``t`` carries anything (its chunk is not empty)."""
@@ -99,7 +133,8 @@ class Plan:
     def context(self, rank: int, chunk: int) -> HopContext:
         """Random-number context of ``rank`` compressing ``chunk`` in this call."""
         return HopContext(stream=(self.call, chunk), rank=rank, world_size=self.world_size,
-                          index_offset=self.bounds[chunk][0], stats=self.stats)
+                          index_offset=self.bounds[chunk][0], stats=self.stats,
+                          prepared=self.prepared)
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         """Codec of ``rank``'s reduce send of ``chunk`` (the main codec for the owner)."""
@@ -136,7 +171,7 @@ class RankState:
         self._buffers = {} if buffers is None else buffers
 
     def _buffer(self, chunk: int, codec: PartialSumCodec) -> torch.Tensor:
-        size = codec.wire_bytes(self.plan.size(chunk))
+        size = codec.wire_bytes(self.plan.size(chunk), self.plan.context(self.rank, chunk))
         buf = self._buffers.get(chunk)
         if buf is None or buf.numel() != size:
             buf = torch.empty(size, dtype=torch.uint8, device=self.acc.device)
@@ -168,28 +203,97 @@ class RankState:
         plan = self.plan
         incoming = plan.codec(t)
         view = self._view(c)
+        ctx = plan.context(self.rank, c)
         if t.phase == "gather":
             self.final[c] = data
-            incoming.decompress(data, view)
+            incoming.decompress(data, view, ctx)
             return
         self._remaining[c] -= 1
         if self._remaining[c] > 0:
-            incoming.decompress_accumulate(data, view)
+            incoming.decompress_accumulate(data, view, ctx)
             return
         owner = plan.schedule.owners[c] == self.rank
         out_codec = plan.outgoing_codec(self.rank, c)
-        ctx = plan.context(self.rank, c)
         writeback = "decoded" if owner else "none"
         buf = self._buffer(c, out_codec)
         if incoming == out_codec:
             out = out_codec.decompress_accumulate_recompress(data, view, ctx, out=buf,
                                                              writeback=writeback)
         else:
-            incoming.decompress_accumulate(data, view)
+            incoming.decompress_accumulate(data, view, ctx)
             out = out_codec.compress(view, ctx, out=buf)
             if owner:
-                out_codec.decompress(out, view)
+                out_codec.decompress(out, view, ctx)
         if owner:
             self.final[c] = out
         else:
             self._outbox[c] = out
+
+
+# ---- the call around the schedule, shared by the executors ------------------------------------
+def apply_transforms(p: Pipeline, y: torch.Tensor, call: int) -> tuple[torch.Tensor, list[int]]:
+    """Apply the pipeline's data-independent transforms (those without ``statistics``).
+
+    Returns:
+        The transformed vector and the lengths before each transform (for
+        :func:`undo_transforms`).
+    """
+    lengths = [y.numel()]
+    for t in p.transforms:
+        if not getattr(t, "statistics", ()):
+            y = t.forward(y, step=call)
+            lengths.append(y.numel())
+    return y, lengths
+
+
+def local_metadata(p: Pipeline, y: torch.Tensor, states: dict
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """One rank's metadata: the declared statistics and the codecs' own values.
+
+    Returns:
+        ``(values, reduces)``: name → float64 tensor, and name → ``"sum" | "max"``.
+    """
+    values = local_statistics(p.statistics, y)
+    reduces = {n: STATISTICS[n].reduce for n in p.statistics}
+    for c in p.codecs:
+        for name, (t, kind) in c.local_metadata(y, states.setdefault(c, {})).items():
+            if name in values:
+                raise ValueError(f"codec {c} redefines metadata {name!r}")
+            values[name] = t.to(torch.float64)
+            reduces[name] = kind
+    return values, reduces
+
+
+def center_and_prepare(plan: Plan, y: torch.Tensor) -> torch.Tensor:
+    """Apply the statistical transforms (e.g. centering) to one rank's vector.
+
+    Call after :meth:`Plan.set_metadata`; returns the vector the schedule reduces.
+    """
+    for t in plan.pipeline.transforms:
+        if getattr(t, "statistics", ()):
+            y = t.forward(y, step=plan.call, stats=plan.raw_stats,
+                          world_size=plan.world_size)
+    return y
+
+
+def undo_transforms(plan: Plan, y: torch.Tensor, lengths: list[int], states: dict | None = None
+                    ) -> torch.Tensor:
+    """Undo every transform of the pipeline on the reduced vector (a sum over ranks).
+
+    With ``states``, the codecs first :meth:`~dynamiq.codecs.PartialSumCodec.observe` the
+    result (identical on every rank), e.g. to adapt an auto-scale factor for the next call.
+    """
+    p = plan.pipeline
+    if states is not None and plan.prepared is not None:
+        for c in p.codecs:
+            c.observe(y, plan.prepared.get(c), plan.world_size, states.setdefault(c, {}))
+    for t in reversed(p.transforms):
+        if getattr(t, "statistics", ()):
+            y = t.inverse(y, y.numel(), step=plan.call, stats=plan.raw_stats,
+                          world_size=plan.world_size)
+    k = len(lengths) - 1
+    for t in reversed(p.transforms):
+        if not getattr(t, "statistics", ()):
+            k -= 1
+            y = t.inverse(y, lengths[k], step=plan.call)
+    return y

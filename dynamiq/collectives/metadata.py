@@ -1,66 +1,128 @@
-"""The metadata phase: per-super-group statistics that components need before the main sum.
+"""The metadata phase: per-block statistics that components need before the main sum.
 
 A component (codec or transform) lists the statistics it needs in its ``statistics``
 attribute, e.g. ``("sum", "sumsq")`` for mean-centering and variance-driven bit allocation. The
-executor computes them on every rank's (transformed) vector, per super-group of
-:data:`SUPER_GROUP` coordinates, and combines them across ranks in one small exchange before the
-main all-reduce (a sum for additive statistics, a max for ``absmax``), so every rank sees the
-same global values; they reach the codecs through :class:`~dynamiq.codecs.HopContext`.
+executor computes them on every rank's (transformed) vector, per block of the statistic's
+``block`` coordinates (a super-group of :data:`SUPER_GROUP` for the built-in ones), and combines
+them across ranks in one small exchange before the main all-reduce (a sum for additive
+statistics, a max for ``absmax``), so every rank sees the same global values; they reach the
+codecs through :class:`~dynamiq.codecs.HopContext`.
+
+**What travels.** Every rank's values are rounded to BF16 before the exchange (DYNAMIQ.md §2.2:
+two BF16 values per super-group), additive ones to nearest, maxima upwards so that they stay
+bounds. The exchange carries them in float64 containers, where the sum of ``n`` BF16 values is
+exact unless their exponents span more than 45 binades; so every executor (and every order of
+summation) obtains the same global values. The wire cost is accounted at 16 bits per value
+(:func:`metadata_bits`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from dynamiq.registry import Registry
 
-__all__ = ["STATISTICS", "SUPER_GROUP", "Statistic", "combine", "local_statistics"]
+__all__ = [
+    "STATISTICS",
+    "SUPER_GROUP",
+    "Statistic",
+    "combine",
+    "local_statistics",
+    "metadata_bits",
+    "round_bf16",
+]
 
-#: Coordinates per super-group over which statistics are taken.
+#: Coordinates per super-group over which the built-in statistics are taken.
 SUPER_GROUP = 256
+
+_REDUCES = ("sum", "max")
 
 
 @dataclass(frozen=True)
 class Statistic:
-    """A per-super-group statistic and how ranks' values combine.
+    """A per-block statistic and how ranks' values combine.
 
     Attributes:
         reduce: ``"sum"`` or ``"max"`` across ranks.
-        local: float64 ``[groups, SUPER_GROUP]`` → float64 ``[groups]`` on one rank.
+        local: float64 ``[blocks, block]`` (zero-padded) → float64 ``[blocks]`` on one rank.
+        block: Coordinates per block (a power of two).
     """
 
     reduce: str
     local: Callable[[torch.Tensor], torch.Tensor]
+    block: int = SUPER_GROUP
+
+    def __post_init__(self) -> None:
+        if self.reduce not in _REDUCES:
+            raise ValueError(f"reduce must be one of {_REDUCES}, got {self.reduce!r}")
+        if self.block < 1 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two, got {self.block!r}")
+
+    def blocks(self, length: int) -> int:
+        """Number of values for a vector of ``length`` coordinates."""
+        return -(-length // self.block)
 
 
 STATISTICS: Registry[Statistic] = Registry("statistic")
 STATISTICS.register("sum", Statistic("sum", lambda g: g.sum(1)))
 STATISTICS.register("sumsq", Statistic("sum", lambda g: (g * g).sum(1)))
 STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1)))
+STATISTICS.register("absmax32", Statistic("max", lambda g: g.abs().amax(1), block=32))
+STATISTICS.register("absmax16", Statistic("max", lambda g: g.abs().amax(1), block=16))
 
 
-def local_statistics(names: Iterable[str], y: torch.Tensor) -> torch.Tensor:
-    """This rank's statistics: float64 ``[len(names), ceil(len(y) / SUPER_GROUP)]``.
+def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
+    """float64 → the nearest BF16 value (ties to even), or the next one up in magnitude.
 
-    ``y`` (float32, 1-D) is zero-padded to whole super-groups; sums are taken in float64.
+    Args:
+        t: float64 tensor.
+        up: Round magnitudes upwards instead (keeps a maximum a bound).
+
+    Returns:
+        float64 tensor of BF16-representable values (non-finite values pass through).
     """
-    names = list(names)
-    groups = -(-y.numel() // SUPER_GROUP)
-    g = torch.zeros(groups * SUPER_GROUP, dtype=torch.float64)
-    g[: y.numel()] = y
-    g = g.view(groups, SUPER_GROUP)
-    return torch.stack([STATISTICS[n].local(g) for n in names]) if names else g[:0, 0]
+    b = t.to(torch.bfloat16)
+    if up:
+        low = b.double().abs() < t.abs()
+        if bool(low.any()):
+            bits = b.view(torch.int16)
+            b = torch.where(low, (bits + 1).view(torch.bfloat16), b)
+    return b.double()
 
 
-def combine(names: Iterable[str], per_rank: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Global statistics from every rank's :func:`local_statistics` (ranks in order)."""
+def local_statistics(names: Iterable[str], y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """This rank's statistics as they travel: name → float64 ``[blocks]`` of BF16 values.
+
+    ``y`` (float32, 1-D) is zero-padded to whole blocks; sums are taken in float64 and then
+    rounded to BF16 (maxima upwards).
+    """
     out = {}
-    for i, name in enumerate(names):
-        rows = [t[i] for t in per_rank]
-        if STATISTICS[name].reduce == "max":
+    y64 = y.detach().to(device="cpu", dtype=torch.float64)
+    for name in names:
+        st = STATISTICS[name]
+        nb = st.blocks(y64.numel())
+        g = torch.zeros(nb * st.block, dtype=torch.float64)
+        g[: y64.numel()] = y64
+        out[name] = round_bf16(st.local(g.view(nb, st.block)), up=st.reduce == "max")
+    return out
+
+
+def combine(per_rank: list[Mapping[str, torch.Tensor]], reduces: Mapping[str, str] | None = None
+            ) -> dict[str, torch.Tensor]:
+    """Global values from every rank's metadata (ranks in order): sums or maxima by name.
+
+    Args:
+        per_rank: One mapping per rank, name → float64 tensor.
+        reduces: ``name → "sum" | "max"`` for names not in :data:`STATISTICS`.
+    """
+    out = {}
+    for name in per_rank[0]:
+        kind = (reduces or {}).get(name) or STATISTICS[name].reduce
+        rows = [m[name] for m in per_rank]
+        if kind == "max":
             out[name] = torch.stack(rows).amax(0)
         else:
             acc = rows[0].clone()
@@ -68,3 +130,8 @@ def combine(names: Iterable[str], per_rank: list[torch.Tensor]) -> dict[str, tor
                 acc += r
             out[name] = acc
     return out
+
+
+def metadata_bits(names: Iterable[str], length: int) -> int:
+    """Bits per rank that the statistics ``names`` cost for a vector of ``length`` (16 each)."""
+    return sum(16 * STATISTICS[n].blocks(length) for n in names)

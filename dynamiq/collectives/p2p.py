@@ -36,8 +36,15 @@ import torch
 import torch.distributed as dist
 
 from dynamiq.codecs import HopContext, PartialSumCodec
-from dynamiq.collectives.engine import Plan, RankState, chunk_bounds
-from dynamiq.collectives.metadata import STATISTICS, local_statistics
+from dynamiq.collectives.engine import (
+    Plan,
+    RankState,
+    apply_transforms,
+    center_and_prepare,
+    chunk_bounds,
+    local_metadata,
+    undo_transforms,
+)
 from dynamiq.collectives.topology import Schedule, Transfer
 from dynamiq.pipeline import Pipeline, get_pipeline
 
@@ -63,10 +70,12 @@ class P2PStats:
         bytes_sent, bytes_received: Payload bytes this rank put on / took off the wire (the
             metadata check is counted apart in ``metadata_bytes``).
         messages_sent: Point-to-point messages sent (tiles count one each).
-        metadata_bytes: Bytes of the metadata tensor all-reduced before the exchange (the
-            fingerprint, plus the declared statistics when the pipeline has any).
+        metadata_bytes: Bytes of the tensors all-reduced before the exchange (the call
+            fingerprint, plus the metadata values in their float64 containers).
+        metadata_bits: The metadata phase's cost as accounted in ``b̄`` (16 bits per BF16
+            statistic value; see :mod:`dynamiq.collectives.metadata`).
         seconds: Wall time of the call on this rank.
-        stats: The global per-super-group statistics of the metadata phase (or ``None``).
+        stats: The global per-block statistics of the metadata phase (or ``None``).
     """
 
     rank: int
@@ -78,6 +87,7 @@ class P2PStats:
     bytes_received: int = 0
     messages_sent: int = 0
     metadata_bytes: int = 0
+    metadata_bits: int = 0
     seconds: float = 0.0
     stats: dict | None = None
 
@@ -175,6 +185,8 @@ class _TiledPlan(Plan):
         self.bounds = layout.bounds
         self._layout = layout
         self.stats = None
+        self.raw_stats = None
+        self.prepared = None
 
     def codec(self, t: Transfer) -> PartialSumCodec:
         if t.phase == "gather":
@@ -184,7 +196,7 @@ class _TiledPlan(Plan):
     def context(self, rank: int, chunk: int) -> HopContext:
         return HopContext(stream=(self.call, self._layout.parent[chunk]), rank=rank,
                           world_size=self.world_size, index_offset=self.bounds[chunk][0],
-                          stats=self.stats)
+                          stats=self.stats, prepared=self.prepared)
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         t = self._layout.send.get((chunk, rank))
@@ -192,6 +204,8 @@ class _TiledPlan(Plan):
 
 
 # ---- per-rank program: the transfers of each step and preallocated receive buffers ------------
+# Codecs whose message sizes depend on the call (variable widths) get pools sized for the
+# largest possible messages; each call then cuts its receive buffers out of them.
 @dataclass
 class _Step:
     index: int
@@ -212,11 +226,38 @@ class _Program:
     # the receive buffers belong to one call at a time; a second thread reducing on the same
     # group, pipeline and size waits instead of overwriting them
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # codec state kept between calls on this tensor (warm starts, auto-scale factors)
+    states: dict = field(default_factory=dict)
+    pools: tuple = ()  # (reduce pool, gather pool) when buffers are cut per call
+    variable: bool = False
+
+
+def _max_bytes(plan: Plan, t: Transfer) -> int:
+    return plan.codec(t).max_wire_bytes(plan.size(t.chunk))
+
+
+def _cut(prog: _Program, plan: Plan, size) -> None:
+    """(Re)cut every step's receive buffers out of the pools for this call's sizes."""
+    rpool, gpool = prog.pools
+    goff = 0
+    for st in prog.steps:
+        bufs, roff = [], 0
+        for t in st.recvs:
+            nb = size(plan, t)
+            if t.phase == "reduce":
+                bufs.append(rpool[roff:roff + nb])
+                roff += nb
+            else:
+                bufs.append(gpool[goff:goff + nb])
+                goff += nb
+        st.bufs = bufs
 
 
 def _build_program(layout: _Layout, rank: int, device: torch.device) -> _Program:
     sched = layout.schedule
-    plan = _TiledPlan(layout, 0)  # wire sizes do not depend on the call
+    plan = _TiledPlan(layout, 0)
+    variable = any(c.variable_size for c in layout.pipeline.codecs)
+    size = _max_bytes if variable else Plan.wire_bytes
     per_step = []
     reduce_pool = gather_pool = 0
     for s in range(sched.steps()):
@@ -224,36 +265,29 @@ def _build_program(layout: _Layout, rank: int, device: torch.device) -> _Program
         sends = [t for t in ts if t.src == rank]
         recvs = [t for t in ts if t.dst == rank]
         per_step.append((s, sends, recvs))
-        reduce_pool = max(reduce_pool, sum(plan.wire_bytes(t) for t in recvs
+        reduce_pool = max(reduce_pool, sum(size(plan, t) for t in recvs
                                            if t.phase == "reduce"))
-        gather_pool += sum(plan.wire_bytes(t) for t in recvs if t.phase == "gather")
+        gather_pool += sum(size(plan, t) for t in recvs if t.phase == "gather")
     # Reduce messages are consumed by RankState.receive before it returns, so one step's worth
     # is reused by every step; gather messages stay referenced (RankState.final, forwarded
     # later), so each gets its own slice. Both total at most the compressed vector.
     rpool = torch.empty(reduce_pool, dtype=torch.uint8, device=device)
     gpool = torch.empty(gather_pool, dtype=torch.uint8, device=device)
-    prog = _Program(layout)
-    goff = 0
+    prog = _Program(layout, pools=(rpool, gpool), variable=variable)
     for s, sends, recvs in per_step:
         if not sends and not recvs:
             continue
-        bufs, roff = [], 0
-        for t in recvs:
-            nb = plan.wire_bytes(t)
-            if t.phase == "reduce":
-                bufs.append(rpool[roff:roff + nb])
-                roff += nb
-            else:
-                bufs.append(gpool[goff:goff + nb])
-                goff += nb
         peers_out = {t.dst for t in sends}
         peers_in = {t.src for t in recvs}
         if len(peers_out) > 1 or len(peers_in) > 1:
             raise RuntimeError(f"schedule {sched.name}: rank {rank} talks to several peers at "
                                f"step {s}, which the port model forbids")
-        prog.steps.append(_Step(s, sends, recvs, bufs, peers_out.pop() if peers_out else -1,
+        prog.steps.append(_Step(s, sends, recvs, [], peers_out.pop() if peers_out else -1,
                                 peers_in.pop() if peers_in else -1))
-        prog.recv_bytes += sum(b.numel() for b in bufs)
+    if not variable:
+        # sizes do not depend on the call: cut once
+        _cut(prog, plan, Plan.wire_bytes)
+        prog.recv_bytes = sum(b.numel() for st in prog.steps for b in st.bufs)
     return prog
 
 
@@ -373,21 +407,31 @@ def _check_metadata(
     return meta.numel() * meta.element_size()
 
 
-def _exchange_statistics(group, names: tuple[str, ...], y: torch.Tensor, timeout: float
-                         ) -> dict[str, torch.Tensor]:
-    """Global per-super-group statistics: one float64 all-reduce per reduction kind."""
-    local = local_statistics(names, y.cpu()).to(y.device)
+def _exchange_metadata(group, values: dict[str, torch.Tensor], reduces: dict[str, str],
+                       device: torch.device, timeout: float) -> tuple[dict[str, torch.Tensor], int]:
+    """Global metadata: one float64 all-reduce per reduction kind (BF16 values inside).
+
+    Returns:
+        The global values by name, and the bytes of the all-reduced tensors.
+    """
     out: dict[str, torch.Tensor] = {}
+    nbytes = 0
     for kind, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
-        rows = [i for i, n in enumerate(names) if STATISTICS[n].reduce == kind]
-        if not rows:
+        names = [n for n in values if reduces[n] == kind]
+        if not names:
             continue
-        t = local[rows].contiguous()
+        t = torch.cat([values[n] for n in names]).to(device)
         work = dist.all_reduce(t, op=op, group=group, async_op=True)
         _wait(work, timeout, "metadata statistics before step 0",
               f"not all ranks joined within {timeout}s", "failed")
-        out.update({names[i]: t[k] for k, i in enumerate(rows)})
-    return out
+        nbytes += t.numel() * t.element_size()
+        t = t.cpu()
+        off = 0
+        for n in names:
+            k = values[n].numel()
+            out[n] = t[off:off + k]
+            off += k
+    return out, nbytes
 
 
 # ---- the exchange -----------------------------------------------------------------------------
@@ -527,10 +571,7 @@ def run_p2p(
         tile_elems=tile,
     )
     y = tensor if consume else tensor.clone()
-    lengths = [d]
-    for tr in p.transforms:
-        y = tr.forward(y, step=call)
-        lengths.append(y.numel())
+    y, lengths = apply_transforms(p, y, call)
     length = y.numel()
     layout = _cached(_layouts, (p, world, length, tile),
                      lambda: _build_layout(p, world, length, tile))
@@ -538,17 +579,22 @@ def run_p2p(
     prog = _cached(_programs, (p, world, length, tile, gkey, rank, str(y.device)),
                    lambda: _build_program(layout, rank, y.device))
     plan = _TiledPlan(prog.layout, call)
-    if p.statistics:
-        plan.stats = _exchange_statistics(group, p.statistics, y, timeout)
-        stats.stats = plan.stats
-        stats.metadata_bytes += sum(v.numel() * v.element_size() for v in plan.stats.values())
     with prog.lock:
+        values, reduces = local_metadata(p, y, prog.states)
+        glob: dict[str, torch.Tensor] = {}
+        if values:
+            glob, nbytes = _exchange_metadata(group, values, reduces, y.device, timeout)
+            stats.metadata_bytes += nbytes
+            stats.metadata_bits = p.metadata_bits(length)
+        plan.set_metadata(glob, prog.states)
+        stats.stats = plan.stats if values else None
+        y = center_and_prepare(plan, y)
+        if prog.variable:
+            _cut(prog, plan, Plan.wire_bytes)
         state = RankState(plan, rank, y, prog.send_buffers)
         for st in prog.steps:
             _run_step(st, state, group, timeout, stats)
-    y = state.acc
-    for k in reversed(range(len(p.transforms))):
-        y = p.transforms[k].inverse(y, lengths[k], step=call)
+        y = undo_transforms(plan, state.acc, lengths, prog.states)
     stats.seconds = time.perf_counter() - t0
     last_stats = stats
     return y[:d]

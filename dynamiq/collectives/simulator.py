@@ -12,11 +12,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynamiq.collectives.engine import Plan, RankState
-from dynamiq.collectives.metadata import combine, local_statistics
+from dynamiq.collectives.engine import (
+    Plan,
+    RankState,
+    apply_transforms,
+    center_and_prepare,
+    local_metadata,
+    undo_transforms,
+)
+from dynamiq.collectives.metadata import combine
 from dynamiq.pipeline import Pipeline, get_pipeline
 
-__all__ = ["SimulationResult", "simulate"]
+__all__ = ["SimulationResult", "normalized_bits", "simulate"]
 
 
 @dataclass
@@ -32,8 +39,13 @@ class SimulationResult:
         bytes_sent: Bytes each rank put on the wire.
         bits_per_coord: ``8 * bytes_sent / d`` per rank.
         seconds: Wall time of the simulation.
-        stats: Global per-super-group statistics of the metadata phase (``None`` unless the
-            pipeline's components declare some).
+        stats: Global per-block statistics of the metadata phase as the codecs saw them
+            (``None`` unless the pipeline's components declare some).
+        metadata_bits: Bits each rank contributes to the metadata phase.
+        bits: The average budget ``b̄`` in bits per coordinate, metadata included, as
+            DYNAMIQ.md §1 counts it: a throughput-optimal all-reduce moves ``2(n−1)/n · b̄``
+            bits per coordinate per rank, so ``b̄ = (8·mean(bytes_sent) / (2(n−1)/n) +
+            metadata_bits) / d``.
     """
 
     results: torch.Tensor
@@ -44,6 +56,17 @@ class SimulationResult:
     bits_per_coord: list[float] = field(default_factory=list)
     seconds: float = 0.0
     stats: dict[str, torch.Tensor] | None = None
+    metadata_bits: int = 0
+    bits: float = 0.0
+
+
+def normalized_bits(bytes_sent: list[int], metadata_bits: int, d: int) -> float:
+    """``b̄`` from the bytes each of ``n`` ranks sent and the metadata bits per rank."""
+    n = len(bytes_sent)
+    if n < 2:
+        return 0.0
+    mean = sum(bytes_sent) / n
+    return (8.0 * mean / (2.0 * (n - 1) / n) + metadata_bits) / d
 
 
 def _check_inputs(inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
@@ -70,6 +93,7 @@ def simulate(
     op: str = "sum",
     call: int = 0,
     track_hops: bool | None = None,
+    state: dict | None = None,
 ) -> SimulationResult:
     """Run ``pipeline`` over ``world_size`` virtual ranks in this process.
 
@@ -84,6 +108,9 @@ def simulate(
         track_hops: Measure the error of every reduce message against the exact partial sum
             (costs an extra decode per message and float64 shadow sums). Default: when
             ``world_size * d <= 2**26``.
+        state: Per-tensor codec state (warm starts, auto-scale factors) carried between
+            calls: pass the same dict to successive calls on the same tensor, as the P2P
+            executor keeps one per (group, pipeline, size). Default: a fresh one.
 
     Returns:
         A :class:`SimulationResult`. Equivalent to ``dynamiq.all_reduce`` on every rank.
@@ -103,22 +130,24 @@ def simulate(
     if n == 1:
         res = x32.clone()
         return SimulationResult(res, exact, 0.0, [], [0], [0.0], time.perf_counter() - t0)
-    ys = [x32[r].clone() for r in range(n)]  # accumulators: never the caller's memory
-    lengths = [d]
-    for t in p.transforms:
-        ys = [t.forward(y, step=call) for y in ys]
-        lengths.append(ys[0].numel())
+    states = {} if state is None else state
+    ys, lengths = [], [d]
+    for r in range(n):
+        # accumulators: never the caller's memory
+        y, lengths = apply_transforms(p, x32[r].clone(), call)
+        ys.append(y)
     length = ys[0].numel()
     plan = Plan(p, n, length, call)
-    if p.statistics:
-        plan.stats = combine(p.statistics, [local_statistics(p.statistics, y) for y in ys])
-    states = [RankState(plan, r, ys[r]) for r in range(n)]
+    metas = [local_metadata(p, y, states) for y in ys]
+    plan.set_metadata(combine([m for m, _ in metas], metas[0][1]), states)
+    ys = [center_and_prepare(plan, y) for y in ys]
+    ranks = [RankState(plan, r, ys[r]) for r in range(n)]
     shadow = [y.double() for y in ys] if track_hops else []
     hop = []
     sched = plan.schedule
     for step in range(sched.steps()):
         ts = [t for t in sched.transfers_at(step) if plan.active(t)]
-        msgs = [(t, states[t.src].message(t)) for t in ts]
+        msgs = [(t, ranks[t.src].message(t)) for t in ts]
         if track_hops:
             err = ref = 0.0
             for t, data in msgs:
@@ -126,7 +155,7 @@ def simulate(
                     continue
                 a, b = plan.bounds[t.chunk]
                 dec = torch.empty(b - a)
-                plan.codec(t).decompress(data, dec)
+                plan.codec(t).decompress(data, dec, plan.context(t.src, t.chunk))
                 true = shadow[t.src][a:b]
                 err += float(((dec.double() - true) ** 2).sum())
                 ref += float((true**2).sum())
@@ -134,16 +163,16 @@ def simulate(
             if ref > 0:
                 hop.append(err / ref)
         for t, data in msgs:
-            states[t.dst].receive(t, data)
+            ranks[t.dst].receive(t, data)
     outs = []
-    for s in states:
-        y = s.acc
-        for k in reversed(range(len(p.transforms))):
-            y = p.transforms[k].inverse(y, lengths[k], step=call)
-        y = y[:d]
+    for r, rs in enumerate(ranks):
+        # every rank's result is identical, so the codecs observe it once
+        y = undo_transforms(plan, rs.acc, lengths, states if r == 0 else None)[:d]
         outs.append(y / n if op == "avg" else y)
     res = torch.stack(outs)
     vn = float(((res[0].double() - exact) ** 2).sum() / (exact**2).sum().clamp_min(1e-300))
-    sent = [s.bytes_sent for s in states]
+    sent = [rs.bytes_sent for rs in ranks]
+    mbits = p.metadata_bits(length)
     return SimulationResult(res, exact, vn, hop, sent, [8 * b / d for b in sent],
-                            time.perf_counter() - t0, plan.stats)
+                            time.perf_counter() - t0, plan.stats if p.statistics else None,
+                            mbits, normalized_bits(sent, mbits, d))

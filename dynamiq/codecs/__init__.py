@@ -1,0 +1,22 @@
+"""Partial-sum codecs: what the wire carries for a partial sum, and how a hop combines it.
+
+* :class:`Passthrough` — FP32 / BF16 partial sums (uncompressed baselines);
+* :class:`Requant` — one fixed quantizer, re-applied with fresh scales at every hop;
+* :class:`DynamiQ` — the DynamiQ codec: per-super-group bit widths chosen from the metadata,
+  ε-level quantization with hierarchical scales and correlated stochastic rounding;
+
+plus the paper's baselines in their own modules. All are registered in :data:`CODECS`.
+"""
+
+from dynamiq.codecs.base import CODECS, HopContext, PartialSumCodec, get_codec
+from dynamiq.codecs.passthrough import Passthrough
+from dynamiq.codecs.requant import Requant
+
+__all__ = [
+    "CODECS",
+    "HopContext",
+    "PartialSumCodec",
+    "Passthrough",
+    "Requant",
+    "get_codec",
+]

@@ -1,0 +1,182 @@
+"""Partial-sum codecs: the base interface, the hop context and the registry.
+
+A multi-hop all-reduce moves *partial sums*. A codec defines the four hop operations every
+executor uses, on a flat float32 chunk ``x`` of ``n`` coordinates and its wire bytes:
+
+* ``compress(x)`` — a leaf's message;
+* ``decompress(data)`` — a receiver's view of a message;
+* ``decompress_accumulate(data, acc)`` — ``acc += decompress(data)`` (every incoming message of
+  an internal node but the last);
+* ``decompress_accumulate_recompress(data, acc)`` — ``compress(acc + decompress(data))`` fused
+  in one pass (an internal node's last incoming message; the sink's final compression, which
+  with ``writeback="decoded"`` also leaves in ``acc`` exactly what every receiver will decode).
+
+Codecs that adapt to the data take part in the call's *metadata phase*: they name the
+per-block statistics they need (:attr:`PartialSumCodec.statistics`), may add statistics of their
+own (:meth:`PartialSumCodec.local_metadata`), turn the global values into a per-call decision
+(:meth:`PartialSumCodec.prepare`, e.g. DynamiQ's bit widths) that reaches every hop through
+:class:`HopContext`, and may learn from the final result (:meth:`PartialSumCodec.observe`, e.g.
+an auto-scale factor). Their per-tensor state lives in a dict the executor keeps between calls.
+
+Codecs are frozen dataclasses registered by name in :data:`CODECS`; their canonical spec string
+(``passthrough``, ``passthrough(wire=bf16)``, ``requant(quantizer=dq4_hier)``; parameters at
+their defaults are left out) is what pipelines print and parse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dynamiq.registry import Registry
+from dynamiq.spec import build
+
+__all__ = [
+    "CODECS",
+    "HopContext",
+    "PartialSumCodec",
+    "get_codec",
+]
+
+CODECS: Registry[type] = Registry("partial-sum codec")
+
+
+@dataclass(frozen=True)
+class HopContext:
+    """Where a compression happens: it keys the random numbers so that every hop is distinct.
+
+    Attributes:
+        seed: Seed shared by all ranks (from the codec).
+        stream: Stream ids, e.g. ``(call, chunk)``.
+        rank, world_size: The compressing rank and the number of ranks.
+        index_offset: Global index of the chunk's first coordinate in the flat vector.
+        stats: The metadata phase's global statistics (name → float64 tensor over the whole
+            vector), for components that declare ``statistics``.
+        prepared: Per-call decisions of the codecs (codec → value of
+            :meth:`PartialSumCodec.prepare`), identical on every rank.
+    """
+
+    seed: int = 0
+    stream: tuple[int, ...] = ()
+    rank: int = 0
+    world_size: int = 1
+    index_offset: int = 0
+    stats: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, hash=False)
+    prepared: Mapping[Any, Any] | None = field(default=None, compare=False, hash=False)
+
+
+_WRITEBACK = ("none", "sum", "decoded")
+
+
+class PartialSumCodec:
+    """Base class of partial-sum codecs (subclasses are frozen dataclasses).
+
+    Attributes:
+        block_size: Chunk boundaries must fall on multiples of it (blocks are coded
+            independently, so a chunk can be coded alone with the same result).
+        lossless: Whether ``decompress(compress(x)) == x`` exactly.
+        unbiased: Whether every rank's result is an unbiased estimate of the exact sum.
+        statistics: Names (in :data:`dynamiq.collectives.metadata.STATISTICS`) of the
+            per-block statistics the codec needs from the metadata phase.
+        variable_size: Whether :meth:`wire_bytes` depends on the call (it then needs the
+            :class:`HopContext` with the prepared decisions).
+    """
+
+    block_size: int = 1
+    lossless: bool = False
+    unbiased: bool = False
+    statistics: tuple[str, ...] = ()
+    variable_size: bool = False
+
+    def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:  # pragma: no cover
+        """Bytes on the wire for the chunk of ``n`` coordinates that ``ctx`` locates."""
+        raise NotImplementedError
+
+    def max_wire_bytes(self, n: int) -> int:
+        """An upper bound of :meth:`wire_bytes` over all calls (receive-buffer sizing)."""
+        return self.wire_bytes(n)
+
+    def metadata_bits(self, length: int) -> int:
+        """Bits per rank this codec adds to the metadata phase for a vector of ``length``,
+        beyond its registered :attr:`statistics` (see :meth:`local_metadata`)."""
+        return 0
+
+    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+        """Codec-specific metadata of one rank's vector: ``name → (float64 tensor, reduce)``
+        with ``reduce`` in ``("sum", "max")``; combined across ranks like the statistics."""
+        return {}
+
+    def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
+                state: dict) -> Any:
+        """Per-call decision from the global metadata, identical on every rank.
+
+        Args:
+            stats: Global statistics (and :meth:`local_metadata` values) by name.
+            length: Length of the vector being reduced.
+            world_size: Number of ranks.
+            state: This codec's per-tensor state (warm starts); the executor keeps it between
+                calls of the same pipeline and tensor size.
+
+        Returns:
+            Any value; it reaches every hop as ``ctx.prepared[self]``. ``None`` by default.
+        """
+        return None
+
+    def observe(self, result: torch.Tensor, prepared: Any, world_size: int, state: dict) -> None:
+        """Learn from the all-reduced ``result`` (bit-identical on every rank, so every rank
+        updates ``state`` identically without communication). Nothing by default."""
+
+    def compress(self, x: torch.Tensor, ctx: HopContext, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:  # pragma: no cover - abstract
+        """``uint8[wire_bytes(n)]`` message for the float32 chunk ``x``."""
+        raise NotImplementedError
+
+    def decompress(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None = None
+                   ) -> torch.Tensor:
+        """Decode ``data`` into the float32 tensor ``out`` (its length is the chunk size)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def decompress_accumulate(self, data: torch.Tensor, acc: torch.Tensor,
+                              ctx: HopContext | None = None) -> None:
+        """``acc += decompress(data)`` in float32."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def decompress_accumulate_recompress(
+        self,
+        data: torch.Tensor,
+        acc: torch.Tensor,
+        ctx: HopContext,
+        out: torch.Tensor | None = None,
+        writeback: str = "none",
+    ) -> torch.Tensor:  # pragma: no cover - abstract
+        """``compress(acc + decompress(data))``.
+
+        ``writeback``: ``"none"`` (``acc`` is scratch afterwards), ``"sum"`` (``acc`` holds the
+        float32 sum) or ``"decoded"`` (``acc`` holds exactly ``decompress`` of the result: the
+        sink's compress-once rule).
+        """
+        raise NotImplementedError
+
+    def spec(self) -> str:  # pragma: no cover - abstract
+        """Canonical spec string."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+def _check_chunk(x: torch.Tensor, what: str = "chunk") -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 1:
+        raise TypeError(f"{what} must be a 1-D float32 tensor")
+    if not x.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
+
+
+def get_codec(spec: str | PartialSumCodec) -> PartialSumCodec:
+    """Return ``spec`` itself, or build the codec from a spec like ``requant(quantizer=mxfp8)``."""
+    if isinstance(spec, PartialSumCodec):
+        return spec
+    return build(CODECS, spec, "codec")  # type: ignore[return-value]
