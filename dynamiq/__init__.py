@@ -3,7 +3,17 @@
 The public API is re-exported here; everything else is an implementation detail.
 """
 
-from dynamiq.codecs import CODECS, HopContext, PartialSumCodec, Passthrough, Requant, get_codec
+from dynamiq.center import Center
+from dynamiq.codecs import (
+    CODECS,
+    DynamiQ,
+    HopContext,
+    PartialSumCodec,
+    Passthrough,
+    Requant,
+    WidthPlan,
+    get_codec,
+)
 from dynamiq.collectives.api import all_reduce
 from dynamiq.collectives.simulator import SimulationResult, simulate
 from dynamiq.collectives.topology import (
@@ -42,7 +52,9 @@ __all__ = [
     "TRANSFORMS",
     "BlockQuantizer",
     "Butterfly",
+    "Center",
     "DuplicateNameError",
+    "DynamiQ",
     "EpsilonFormat",
     "Float32Format",
     "FloatFormat",
@@ -66,6 +78,7 @@ __all__ = [
     "Transfer",
     "Transform",
     "UnknownNameError",
+    "WidthPlan",
     "__version__",
     "all_reduce",
     "get_codec",

@@ -11,12 +11,15 @@ plus the paper's baselines in their own modules. All are registered in :data:`CO
 from dynamiq.codecs.base import CODECS, HopContext, PartialSumCodec, get_codec
 from dynamiq.codecs.passthrough import Passthrough
 from dynamiq.codecs.requant import Requant
+from dynamiq.codecs.varwidth import DynamiQ, WidthPlan
 
 __all__ = [
     "CODECS",
+    "DynamiQ",
     "HopContext",
     "PartialSumCodec",
     "Passthrough",
     "Requant",
+    "WidthPlan",
     "get_codec",
 ]

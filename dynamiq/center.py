@@ -1,0 +1,111 @@
+"""Mean-centering through the metadata phase (DYNAMIQ.md §2.3).
+
+Every rank subtracts the global per-super-group mean ``μ_j = (Σ_i S_ij) / (n · c_j)`` (``S_ij``
+rank ``i``'s sum over super-group ``j`` of ``c_j`` coordinates) before the reduction, so the
+*summed* super-group has mean zero and its range is spent on the spread, not the offset; after
+the reduction ``n · μ_j`` is added back. All ranks obtain the same ``μ_j`` from the metadata
+phase, so nothing else travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from dynamiq.collectives.metadata import SUPER_GROUP
+from dynamiq.transforms import TRANSFORMS, Transform
+
+__all__ = ["Center"]
+
+
+def _counts(length: int) -> torch.Tensor:
+    """Coordinates per super-group (the last one may be partial), float64."""
+    groups = -(-length // SUPER_GROUP)
+    c = torch.full((groups,), float(SUPER_GROUP), dtype=torch.float64)
+    c[-1] = length - (groups - 1) * SUPER_GROUP
+    return c
+
+
+def _per_coord(v: torch.Tensor, length: int) -> torch.Tensor:
+    """Broadcast a per-super-group float32 vector to ``length`` coordinates."""
+    return v.repeat_interleave(SUPER_GROUP)[:length]
+
+
+@TRANSFORMS.register("center")
+@dataclass(frozen=True)
+class Center(Transform):
+    """Subtract the global per-super-group mean before the sum; add ``n`` times it after.
+
+    It needs the metadata statistic ``sum`` (one BF16 value per super-group and rank), so in a
+    pipeline it comes after every data-independent transform (e.g. ``rht+center+...``). The
+    codecs then see adjusted statistics: ``sum = 0`` and ``sumsq`` of the centered vectors
+    (:meth:`adjust_statistics`).
+    """
+
+    statistics = ("sum",)
+
+    def padded_length(self, n: int) -> int:
+        """Return ``n`` (no padding)."""
+        return n
+
+    @staticmethod
+    def _mean(stats: Mapping[str, torch.Tensor] | None, world_size: int, length: int
+              ) -> torch.Tensor:
+        if stats is None or "sum" not in stats:
+            raise ValueError("center needs the metadata statistic 'sum' (run it in a pipeline)")
+        s = stats["sum"]
+        if s.numel() != -(-length // SUPER_GROUP):
+            raise ValueError(f"'sum' has {s.numel()} super-groups, the vector {length} values")
+        return (s / (world_size * _counts(length))).float()
+
+    def forward(self, x: torch.Tensor, *, step: int = 0,
+                stats: Mapping[str, torch.Tensor] | None = None, world_size: int = 1
+                ) -> torch.Tensor:
+        """``x − μ`` per super-group, in place when possible.
+
+        Args:
+            x: float32 ``[length]``, this rank's vector.
+            step: Unused (centering is deterministic).
+            stats: Global statistics with ``"sum"`` (float64 ``[ceil(length/256)]``).
+            world_size: Number of ranks ``n``.
+
+        Returns:
+            float32 ``[length]``: ``x − μ_j`` on super-group ``j`` (float32 subtraction).
+        """
+        mu = self._mean(stats, world_size, x.numel())
+        return x.sub_(_per_coord(mu, x.numel()))
+
+    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0,
+                stats: Mapping[str, torch.Tensor] | None = None, world_size: int = 1
+                ) -> torch.Tensor:
+        """Add ``n · μ_j`` back to the reduced sum (float32 addition, ``n · μ_j`` exact-ish:
+        one float32 product per super-group).
+
+        Args:
+            y: float32 ``[length]``, the reduced sum of the centered vectors.
+            n: Length to keep (``y`` is returned whole when ``n >= len(y)``).
+            step: Unused.
+            stats: The statistics given to :meth:`forward`.
+            world_size: Number of ranks.
+        """
+        length = y.numel()
+        mu = self._mean(stats, world_size, length)
+        y = y + _per_coord(mu * float(world_size), length)
+        return y[:n]
+
+    def adjust_statistics(self, stats: Mapping[str, torch.Tensor], world_size: int,
+                          length: int) -> dict[str, torch.Tensor]:
+        """Statistics of the centered vectors, from those of the raw ones.
+
+        With ``S_j`` the global sum, ``F_j`` the global sum of squares and ``c_j`` the
+        coordinates of super-group ``j``: ``Σ_i Σ (x − μ_j)² = F_j − S_j² / (n c_j)`` and the
+        centered sums are zero. Statistics of other kinds pass through unchanged.
+        """
+        out = dict(stats)
+        s = stats["sum"]
+        if "sumsq" in stats:
+            out["sumsq"] = (stats["sumsq"] - s * s / (world_size * _counts(length))).clamp_min(0)
+        out["sum"] = torch.zeros_like(s)
+        return out

@@ -1,0 +1,157 @@
+"""Bit-width allocation across super-groups under a budget (DYNAMIQ.md §2.4).
+
+Super-group ``j`` with energy ``E_j`` (the global sum of squares) coded at width ``w`` is
+modelled to cost ``E_j · v(w)`` squared error and ``c(w)`` bits. The allocation minimises
+``Σ_j E_j v(w_j)`` subject to ``Σ_j c(w_j) ≤ B``; its Lagrangian relaxation gives every
+super-group the width minimising ``E_j v(w) + λ c(w)``, monotone in the one free scalar ``λ``.
+:func:`allocate` finds ``λ`` by bisection on ``log2 λ`` (warm-started from the previous call's
+value), then settles the few super-groups whose choice flips inside the final bracket greedily
+in the order of their own thresholds, so the result is the same whatever the starting point and
+the budget holds exactly (never exceeded; the leftover is less than one more upgrade).
+
+Two error models:
+
+* ``"paper"``: ``v(w) = 4^−w`` and ``c(w)`` = value bits only (``w`` per coordinate), which
+  gives the paper's thresholds ``T_{2,4} = (17/512) T_{4,8}`` etc.;
+* ``"measured"``: ``v(w)`` is the codec's own measured relative error at width ``w`` and
+  ``c(w)`` its exact wire bits, scales included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["WidthOption", "allocate", "lagrangian_choice"]
+
+#: Bisection stops when the bracket on log2(λ) is this narrow or few choices still flip.
+_TOL = 1e-10
+_FEW = 64
+_MAX_ITERS = 200
+
+
+@dataclass(frozen=True)
+class WidthOption:
+    """One candidate width: its model error factor and its cost.
+
+    Attributes:
+        width: Bits per coded value (the label written to the width map).
+        error: ``v(w)``, squared error per unit of energy.
+        cost: ``c(w)``, the bits the model charges per super-group.
+    """
+
+    width: int
+    error: float
+    cost: float
+
+
+def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float) -> np.ndarray:
+    """Index into ``options`` minimising ``E_j v + λ c`` per super-group (ties: cheapest).
+
+    Args:
+        energy: float64 ``[m]``, non-negative.
+        options: Candidates sorted by increasing cost.
+        lam: The multiplier ``λ > 0``.
+
+    Returns:
+        int64 ``[m]`` option indices.
+    """
+    err = np.array([o.error for o in options])
+    cost = np.array([o.cost for o in options])
+    obj = energy[:, None] * err[None, :] + lam * cost[None, :]
+    return np.argmin(obj, axis=1)
+
+
+def _total(choice: np.ndarray, cost: np.ndarray) -> float:
+    return float(cost[choice].sum())
+
+
+def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict
+             ) -> np.ndarray:
+    """Widths per super-group that fit ``budget`` bits and minimise the modelled error.
+
+    Args:
+        energy: float64 ``[m]`` per-super-group energies (identical on every rank).
+        options: Candidate widths sorted by increasing cost (at least one).
+        budget: Bits available for the ``m`` super-groups (model costs).
+        state: Warm-start state; ``state["log2_lambda"]`` is read and updated.
+
+    Returns:
+        int64 ``[m]`` indices into ``options``. When even the cheapest option exceeds the
+        budget, every super-group gets the cheapest one (the caller reports the overrun).
+    """
+    energy = np.nan_to_num(np.asarray(energy, dtype=np.float64), nan=0.0, posinf=1e300)
+    energy = np.maximum(energy, 0.0)
+    m = energy.size
+    cost = np.array([o.cost for o in options])
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    cheapest = np.zeros(m, dtype=np.int64)
+    if _total(cheapest, cost) >= budget or len(options) == 1:
+        return cheapest
+    best = np.full(m, int(np.argmin([o.error for o in options])), dtype=np.int64)
+    if _total(best, cost) <= budget:
+        return best
+
+    def fits(log_lam: float) -> tuple[bool, np.ndarray]:
+        ch = lagrangian_choice(energy, options, 2.0**log_lam)
+        return _total(ch, cost) <= budget, ch
+
+    # bracket [lo, hi] with bits(lo) > budget >= bits(hi), growing from the warm start
+    start = float(state.get("log2_lambda", np.log2(max(energy.mean(), 1e-300) /
+                                                   max(cost.mean(), 1.0))))
+    step = 0.5
+    ok, ch = fits(start)
+    if ok:
+        hi, hi_ch, lo = start, ch, start - step
+        while True:
+            ok, ch = fits(lo)
+            if not ok:
+                lo_ch = ch
+                break
+            hi, hi_ch = lo, ch
+            step *= 2
+            lo -= step
+            if lo < -2000:
+                return hi_ch
+    else:
+        lo, lo_ch, hi = start, ch, start + step
+        while True:
+            ok, ch = fits(hi)
+            if ok:
+                hi_ch = ch
+                break
+            lo, lo_ch = hi, ch
+            step *= 2
+            hi += step
+            if hi > 2000:
+                return cheapest
+    for _ in range(_MAX_ITERS):
+        flips = int((lo_ch != hi_ch).sum())
+        if flips <= _FEW or hi - lo < _TOL:
+            break
+        mid = 0.5 * (lo + hi)
+        ok, ch = fits(mid)
+        if ok:
+            hi, hi_ch = mid, ch
+        else:
+            lo, lo_ch = mid, ch
+    state["log2_lambda"] = hi
+    # settle the super-groups that flip inside (lo, hi]: upgrade them in decreasing order of
+    # their own threshold (error saved per extra bit) while the budget allows
+    result = hi_ch.copy()
+    flip = np.nonzero(lo_ch != hi_ch)[0]
+    if flip.size:
+        err = np.array([o.error for o in options])
+        a, b = hi_ch[flip], lo_ch[flip]
+        gain = energy[flip] * (err[a] - err[b]) / np.maximum(cost[b] - cost[a], 1e-300)
+        order = np.lexsort((flip, -gain))
+        left = budget - _total(result, cost)
+        for k in order:
+            extra = cost[b[k]] - cost[a[k]]
+            if extra > left:
+                break
+            result[flip[k]] = b[k]
+            left -= extra
+    return result

@@ -1,0 +1,448 @@
+"""The DynamiQ codec: per-super-group bit widths under a budget, coded in one message.
+
+DYNAMIQ.md §2.4–2.9. From the metadata phase (global per-super-group sums and sums of
+squares, BF16 on the wire) every rank derives the same width for every super-group of 256
+coordinates (:mod:`dynamiq.codecs.allocation`); no width map travels. A chunk's message is the
+concatenation of one segment per width, in increasing width order: the chunk's super-groups are
+reordered (stably) so that equal widths are contiguous, each segment is coded by the quantizer
+of its width (ε-levels, groups of 16 with UINT8 scales relative to a BF16 super-group scale,
+stochastic scale rounding, correlated element rounding), and the reorder is undone on decoding.
+Widths never change along the path; every hop recomputes the scales from its partial sum.
+
+Width 16 means "BF16, uncompressed" (round to nearest). Width 1 (a sign bit only) is not
+offered: an unbiased 1-bit code needs signed rounding outside the sign-magnitude element model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+
+import numpy as np
+import torch
+
+from dynamiq.codecs.allocation import WidthOption, allocate
+from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.collectives.metadata import SUPER_GROUP, metadata_bits
+from dynamiq.formats import DEFAULT_EPSILON, EpsilonFormat
+from dynamiq.quantizers import BlockQuantizer, Payload
+from dynamiq.spec import format_call
+
+__all__ = ["DynamiQ", "WidthPlan"]
+
+_LEVELS = ("eps", "uniform")
+_SCALES = ("hier", "flat")
+_ROUNDINGS = ("correlated", "stochastic")
+_ALLOCATORS = ("measured", "paper")
+_ALLOWED = (2, 3, 4, 5, 6, 7, 8, 16)
+_GROUP = 16
+
+
+def _parse_list(name: str, raw: object, kind: type) -> tuple:
+    if isinstance(raw, str):
+        parts = [p for p in raw.split("/") if p]
+    elif isinstance(raw, (tuple, list)):
+        parts = list(raw)
+    else:
+        raise TypeError(f"{name} must be a '/'-separated string or a sequence, got {raw!r}")
+    try:
+        return tuple(kind(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: cannot read {raw!r} as {kind.__name__} values") from None
+
+
+def _fmt_list(values: tuple) -> str:
+    return "/".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+class _Bf16Segment:
+    """Width 16: BF16 values, no scales (round to nearest even)."""
+
+    unbiased = False
+
+    @staticmethod
+    def nbytes(n: int) -> int:
+        return 2 * n
+
+    def encode(self, x: torch.Tensor, out: torch.Tensor, **_: object) -> None:
+        out.view(torch.bfloat16).copy_(x)
+
+    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(data.view(torch.bfloat16))
+
+    def recompress(self, data: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
+                   writeback: str, **_: object) -> None:
+        acc.add_(data.view(torch.bfloat16).float())
+        out.view(torch.bfloat16).copy_(acc)
+        if writeback == "decoded":
+            acc.copy_(out.view(torch.bfloat16))
+
+
+class _QuantSegment:
+    """Widths 2–8: one block quantizer."""
+
+    def __init__(self, q: BlockQuantizer) -> None:
+        self.q = q
+        self.unbiased = q.unbiased
+
+    def nbytes(self, n: int) -> int:
+        return self.q.nbytes(n)
+
+    def encode(self, x: torch.Tensor, out: torch.Tensor, **rand: object) -> None:
+        self.q.encode(x, out=out, **rand)
+
+    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
+        self.q.decode(Payload(self.q, out.numel(), data), out=out)
+
+    def recompress(self, data: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
+                   writeback: str, **rand: object) -> None:
+        self.q.recompress(Payload(self.q, acc.numel(), data), acc, writeback=writeback,
+                          out=out, **rand)
+
+
+@lru_cache(maxsize=64)
+def _measured_error(q: BlockQuantizer | None) -> float:
+    """Relative squared error of one quantizer on Gaussian data (fixed seed, 2^16 values)."""
+    g = torch.Generator().manual_seed(0x5EED)
+    x = torch.randn(1 << 16, generator=g)
+    if q is None:  # BF16: relative error of round-to-nearest
+        y = x.to(torch.bfloat16).float()
+    else:
+        y = q.decode(q.encode(x, seed=1))
+    return float(((y.double() - x.double()) ** 2).sum() / (x.double() ** 2).sum())
+
+
+@dataclass
+class WidthPlan:
+    """The per-call width decision of a :class:`DynamiQ` codec (identical on every rank).
+
+    Attributes:
+        choice: int64 ``[super-groups]``, index into the codec's widths per super-group.
+        widths: The codec's widths, in increasing order.
+        budget_bits: Bits the allocation was given (budget minus metadata).
+        used_bits: Bits the chosen widths cost on the wire, for the whole vector.
+    """
+
+    choice: np.ndarray
+    widths: tuple[int, ...]
+    budget_bits: float
+    used_bits: float
+    _layouts: dict = field(default_factory=dict, repr=False)
+
+    def histogram(self) -> dict[int, float]:
+        """Fraction of super-groups at each width."""
+        m = max(1, self.choice.size)
+        return {w: float((self.choice == i).sum()) / m for i, w in enumerate(self.widths)}
+
+
+@dataclass(frozen=True)
+class _ChunkLayout:
+    order: torch.Tensor  # int64 [sgs], chunk-local super-group indices sorted by width
+    segments: tuple[tuple[int, int, int, int, int], ...]  # (option, sg0, coord count, b0, b1)
+    nbytes: int
+    sgs: int
+
+
+@CODECS.register("dynamiq")
+@dataclass(frozen=True)
+class DynamiQ(PartialSumCodec):
+    """DynamiQ partial-sum codec: variable widths per super-group, fresh scales per hop.
+
+    Args:
+        bits: Budget ``b̄`` in bits per coordinate, metadata included (the metadata phase's
+            two BF16 statistics per super-group count 0.125).
+        widths: Candidate widths, ``'/'``-separated (e.g. ``"2/4/8"``) or a sequence; values in
+            2–8 and 16 (BF16). A single width disables the allocation (and its metadata).
+        eps: ε per width (same order as ``widths``), ``'/'``-separated; empty for the defaults
+            (:data:`dynamiq.formats.DEFAULT_EPSILON`; the ε of uncatalogued widths is
+            interpolated). Ignored for ``levels="uniform"`` and width 16.
+        levels: ``"eps"`` (ε-levels) or ``"uniform"``.
+        scales: ``"hier"`` (UINT8 group scales under a BF16 super-group scale, stochastic scale
+            rounding) or ``"flat"`` (a BF16 scale per group of 16, rounded up).
+        rounding: ``"correlated"`` (stratified across ranks and hops) or ``"stochastic"``.
+        allocator: ``"measured"`` (error model from the codec's own measured error per width)
+            or ``"paper"`` (``4^−w``, the paper's thresholds).
+        seed: Seed of the rounding random numbers (shared by all ranks).
+    """
+
+    bits: float = 5.0
+    widths: str = "2/4/8"
+    eps: str = ""
+    levels: str = "eps"
+    scales: str = "hier"
+    rounding: str = "correlated"
+    allocator: str = "measured"
+    seed: int = 0
+
+    block_size = SUPER_GROUP
+
+    def __post_init__(self) -> None:
+        ws = _parse_list("widths", self.widths, int)
+        if not ws:
+            raise ValueError("widths must name at least one width")
+        bad = [w for w in ws if w not in _ALLOWED]
+        if bad:
+            raise ValueError(f"widths must be among {_ALLOWED}, got {bad}")
+        if len(set(ws)) != len(ws):
+            raise ValueError(f"widths repeat: {ws}")
+        order = sorted(range(len(ws)), key=lambda i: ws[i])
+        eps = _parse_list("eps", self.eps, float)
+        if eps and len(eps) != len(ws):
+            raise ValueError(f"eps needs one value per width ({len(ws)}), got {len(eps)}")
+        if any(not (math.isfinite(e) and e >= 0) for e in eps):
+            raise ValueError(f"eps values must be finite and >= 0, got {eps}")
+        object.__setattr__(self, "widths", _fmt_list(tuple(ws[i] for i in order)))
+        object.__setattr__(self, "eps", _fmt_list(tuple(float(eps[i]) for i in order))
+                           if eps else "")
+        if not (isinstance(self.bits, (int, float)) and math.isfinite(self.bits)
+                and self.bits > 0):
+            raise ValueError(f"bits must be a positive number, got {self.bits!r}")
+        object.__setattr__(self, "bits", float(self.bits))
+        for name, value, allowed in (("levels", self.levels, _LEVELS),
+                                     ("scales", self.scales, _SCALES),
+                                     ("rounding", self.rounding, _ROUNDINGS),
+                                     ("allocator", self.allocator, _ALLOCATORS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+        cheapest = min(self._options_full, key=lambda o: o.cost)
+        floor = (cheapest.cost * 1024 + self._meta_bits(1024 * SUPER_GROUP)) / (
+            1024 * SUPER_GROUP)
+        if self.bits < floor - 1e-9:
+            raise ValueError(
+                f"bits={self.bits:g} is below what the cheapest width costs with its scales "
+                f"and metadata ({floor:.4g} bits/coordinate)"
+            )
+
+    # ---- configuration ----------------------------------------------------------------------
+    @cached_property
+    def width_list(self) -> tuple[int, ...]:
+        """The widths, increasing."""
+        return _parse_list("widths", self.widths, int)
+
+    @property
+    def variable(self) -> bool:
+        """Whether widths are allocated per super-group (more than one width)."""
+        return len(self.width_list) > 1
+
+    @property
+    def statistics(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("sum", "sumsq") if self.variable else ()
+
+    @property
+    def variable_size(self) -> bool:  # type: ignore[override]
+        return self.variable
+
+    def _eps_for(self, i: int, w: int) -> float:
+        if self.levels == "uniform":
+            return 0.0
+        if self.eps:
+            return _parse_list("eps", self.eps, float)[i]
+        if w in DEFAULT_EPSILON:
+            return DEFAULT_EPSILON[w]
+        known = sorted(DEFAULT_EPSILON)
+        return float(np.interp(w, known, [DEFAULT_EPSILON[k] for k in known]))
+
+    @cached_property
+    def quantizers(self) -> tuple[BlockQuantizer | None, ...]:
+        """The quantizer of each width (``None`` for BF16)."""
+        out = []
+        for i, w in enumerate(self.width_list):
+            if w == 16:
+                out.append(None)
+                continue
+            fmt = EpsilonFormat(w, self._eps_for(i, w))
+            if self.scales == "hier":
+                q = BlockQuantizer(fmt, group_size=_GROUP, scale="u8rel", rounding=self.rounding,
+                                   scale_rounding="stochastic", super_group_size=SUPER_GROUP,
+                                   super_scale="bf16")
+            else:
+                q = BlockQuantizer(fmt, group_size=_GROUP, scale="bf16", rounding=self.rounding,
+                                   scale_rounding="up")
+            out.append(q)
+        return tuple(out)
+
+    @cached_property
+    def _segments(self) -> tuple:
+        return tuple(_Bf16Segment() if q is None else _QuantSegment(q) for q in self.quantizers)
+
+    @cached_property
+    def _options_full(self) -> list[WidthOption]:
+        opts = []
+        for w, q, seg in zip(self.width_list, self.quantizers, self._segments):
+            cost = 8.0 * seg.nbytes(SUPER_GROUP)
+            err = 4.0 ** (-w) if self.allocator == "paper" else _measured_error(q)
+            opts.append(WidthOption(w, err, cost))
+        return opts
+
+    @property
+    def unbiased(self) -> bool:  # type: ignore[override]
+        return all(s.unbiased for s in self._segments)
+
+    def _meta_bits(self, length: int) -> int:
+        return metadata_bits(self.statistics, length)
+
+    # ---- the per-call decision ------------------------------------------------------------
+    def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
+                state: dict) -> WidthPlan:
+        """Widths for every super-group of the ``length``-long vector (see the module doc)."""
+        m = -(-length // SUPER_GROUP)
+        opts = self._options_full
+        if not self.variable:
+            choice = np.zeros(m, dtype=np.int64)
+            return WidthPlan(choice, self.width_list, self.bits * length,
+                             float(opts[0].cost * m))
+        energy = stats["sumsq"].numpy()
+        if energy.size != m:
+            raise ValueError(f"sumsq has {energy.size} super-groups, the vector needs {m}")
+        budget = self.bits * length - self._meta_bits(length)
+        choice = allocate(energy, opts, budget, state)
+        counts = np.bincount(choice, minlength=len(opts))
+        used = float(sum(counts[i] * opts[i].cost for i in range(len(opts))))
+        return WidthPlan(choice, self.width_list, budget, used)
+
+    def _plan(self, ctx: HopContext | None) -> WidthPlan:
+        if ctx is None or ctx.prepared is None or self not in ctx.prepared:
+            raise ValueError(
+                "the dynamiq codec needs the call's width plan: run it inside a pipeline "
+                "(simulate / all_reduce), or pass a HopContext with prepared={codec: plan}"
+            )
+        return ctx.prepared[self]
+
+    def _layout(self, n: int, ctx: HopContext | None) -> _ChunkLayout:
+        if not self.variable and (ctx is None or ctx.prepared is None):
+            key = (0, n)
+            sgs = -(-n // SUPER_GROUP)
+            choice = np.zeros(sgs, dtype=np.int64)
+            cache: dict = {}
+        else:
+            wp = self._plan(ctx)
+            off = ctx.index_offset  # type: ignore[union-attr]
+            if off % SUPER_GROUP:
+                raise ValueError(f"chunk offset {off} is not a multiple of {SUPER_GROUP}")
+            key = (off, n)
+            cache = wp._layouts
+            if key in cache:
+                return cache[key]
+            sgs = -(-n // SUPER_GROUP)
+            choice = wp.choice[off // SUPER_GROUP: off // SUPER_GROUP + sgs]
+        order = np.argsort(choice, kind="stable")
+        counts = np.bincount(choice, minlength=len(self.width_list))
+        pad = sgs * SUPER_GROUP - n
+        segs, sg0, b0 = [], 0, 0
+        for i, k in enumerate(counts):
+            if not k:
+                continue
+            coords = int(k) * SUPER_GROUP
+            if sg0 + k == sgs:
+                coords -= pad  # the chunk's last super-group (partial) closes the last segment
+            nb = self._segments[i].nbytes(coords)
+            segs.append((i, sg0, coords, b0, b0 + nb))
+            sg0 += int(k)
+            b0 += nb
+        lay = _ChunkLayout(torch.from_numpy(order), tuple(segs), b0, sgs)
+        cache[key] = lay
+        return lay
+
+    # ---- sizes ---------------------------------------------------------------------------
+    def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
+        return self._layout(n, ctx).nbytes
+
+    def max_wire_bytes(self, n: int) -> int:
+        return max(seg.nbytes(n) for seg in self._segments)
+
+    # ---- hop operations ------------------------------------------------------------------
+    def _rand(self, ctx: HopContext, sg0: int) -> dict:
+        return {"seed": self.seed, "rank": ctx.rank, "world_size": ctx.world_size,
+                "stream": ctx.stream, "index_offset": ctx.index_offset + sg0 * SUPER_GROUP}
+
+    @staticmethod
+    def _gather(x: torch.Tensor, lay: _ChunkLayout) -> torch.Tensor:
+        """Chunk values reordered by width: float32 ``[sgs * 256]`` (zero padded)."""
+        full = lay.sgs * SUPER_GROUP
+        if x.numel() == full:
+            return x.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
+        pad = torch.zeros(full, dtype=torch.float32)
+        pad[: x.numel()] = x
+        return pad.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
+
+    @staticmethod
+    def _scatter(src: torch.Tensor, out: torch.Tensor, lay: _ChunkLayout, add: bool) -> None:
+        """``out (+)= src`` with the reorder undone (``src`` as :meth:`_gather` returns)."""
+        rows = src.view(lay.sgs, SUPER_GROUP)
+        n = out.numel()
+        if n == lay.sgs * SUPER_GROUP:
+            dst = out.view(lay.sgs, SUPER_GROUP)
+            if add:
+                dst.index_add_(0, lay.order, rows)
+            else:
+                dst.index_copy_(0, lay.order, rows)
+            return
+        full = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32)
+        full.view(lay.sgs, SUPER_GROUP).index_copy_(0, lay.order, rows)
+        if add:
+            out.add_(full[:n])
+        else:
+            out.copy_(full[:n])
+
+    def _out(self, lay: _ChunkLayout, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
+            return torch.empty(lay.nbytes, dtype=torch.uint8)
+        if out.dtype != torch.uint8 or out.numel() != lay.nbytes:
+            raise ValueError(f"out must be a uint8 tensor of {lay.nbytes} bytes")
+        return out
+
+    def compress(self, x, ctx, out=None):
+        """The message for chunk ``x`` (float32 ``[n]``) at the position ``ctx`` gives."""
+        _check_chunk(x)
+        lay = self._layout(x.numel(), ctx)
+        out = self._out(lay, out)
+        g = self._gather(x, lay)
+        for i, sg0, coords, b0, b1 in lay.segments:
+            s = sg0 * SUPER_GROUP
+            self._segments[i].encode(g[s:s + coords], out[b0:b1], **self._rand(ctx, sg0))
+        return out
+
+    def _decode_gathered(self, data: torch.Tensor, lay: _ChunkLayout) -> torch.Tensor:
+        if data.numel() != lay.nbytes:
+            raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
+        g = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32)
+        for i, sg0, coords, b0, b1 in lay.segments:
+            s = sg0 * SUPER_GROUP
+            self._segments[i].decode(data[b0:b1], g[s:s + coords])
+        return g
+
+    def decompress(self, data, out, ctx=None):
+        """Decode into ``out`` (float32 ``[n]``)."""
+        lay = self._layout(out.numel(), ctx)
+        self._scatter(self._decode_gathered(data, lay), out, lay, add=False)
+        return out
+
+    def decompress_accumulate(self, data, acc, ctx=None):
+        """``acc += decompress(data)`` (one float32 addition per coordinate)."""
+        lay = self._layout(acc.numel(), ctx)
+        self._scatter(self._decode_gathered(data, lay), acc, lay, add=True)
+
+    def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
+        """``compress(acc + decompress(data))`` with fresh scales, widths unchanged."""
+        if writeback not in _WRITEBACK:
+            raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        _check_chunk(acc, "accumulator")
+        lay = self._layout(acc.numel(), ctx)
+        if data.numel() != lay.nbytes:
+            raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
+        out = self._out(lay, out)
+        g = self._gather(acc, lay)
+        for i, sg0, coords, b0, b1 in lay.segments:
+            s = sg0 * SUPER_GROUP
+            self._segments[i].recompress(data[b0:b1], g[s:s + coords], out[b0:b1], writeback,
+                                         **self._rand(ctx, sg0))
+        if writeback != "none":
+            self._scatter(g, acc, lay, add=False)
+        return out
+
+    def spec(self) -> str:
+        return format_call("dynamiq", self)
