@@ -164,8 +164,37 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_nmse(args: argparse.Namespace) -> int:
+    from dynamiq.bench import nmse
+    from dynamiq.bench.workloads import WorkloadUnavailable
+
+    methods = tuple(m for m in args.methods.split(";" if ";" in args.methods else ",") if m)
+    try:
+        nmse.run(args.workload, world_size=args.world_size, topology=args.topology,
+                 methods=methods, bits=args.bits, ablation=args.ablation, sweep=args.sweep,
+                 points=args.points, json_path=args.json, plot_path=args.plot,
+                 cache_dir=args.cache_dir)
+    except WorkloadUnavailable as e:
+        print(f"dynamiq bench nmse: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _cmd_bench_scale(args: argparse.Namespace) -> int:
+    from dynamiq.bench import scale
+
+    scale.run(world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
+              topologies=tuple(args.topologies.split(",")),
+              budgets=tuple(float(v) for v in args.bits.split(",")),
+              d=args.d, slice_coords=args.slice, json_path=args.json, plot_path=args.plot,
+              seed=args.seed)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
+    from dynamiq.bench.nmse import DEFAULT_METHODS
+
     p = argparse.ArgumentParser(prog="dynamiq", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -216,6 +245,40 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--repeat", type=int, default=3)
     ba.add_argument("--json", help="write the results to this JSON file")
     ba.set_defaults(func=_cmd_bench_allreduce)
+
+    bn = bsub.add_parser("nmse", help="vNMSE and measured bits/coordinate of every method on "
+                         "real gradients (DynamiQ vs the paper's baselines)")
+    bn.add_argument("--workload", default="gpt-stdlib",
+                    help="gpt-stdlib, minilm-mlm or lognormal (or a spec, e.g. "
+                         "'lognormal(d=65536)')")
+    bn.add_argument("--world-size", type=int, default=8)
+    bn.add_argument("--topology", default="ring", help="ring, butterfly, ...")
+    bn.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+        help="comma-separated registered pipelines (';'-separated when giving specs)")
+    bn.add_argument("--bits", type=float, default=5.0,
+                    help="budget of the DynamiQ methods, bits/coordinate incl. metadata")
+    bn.add_argument("--ablation", action="store_true",
+                    help="also run the ablation (uniform levels -> ... -> correlated rounding)")
+    bn.add_argument("--sweep", action="store_true", help="also sweep DynamiQ's budget 3..8 bits")
+    bn.add_argument("--points", type=int, help="training points (default: the workload's)")
+    bn.add_argument("--cache-dir", help="gradient cache (default: ~/.cache/dynamiq/gradients)")
+    bn.add_argument("--json", help="write every row to this JSON file")
+    bn.add_argument("--plot", help="write an SVG chart of vNMSE against bits here")
+    bn.set_defaults(func=_cmd_bench_nmse)
+
+    bs = bsub.add_parser("scale", help="the synthetic large-scale model: DynamiQ vs MXFP8 "
+                         "as the number of ranks grows, ring vs butterfly")
+    bs.add_argument("--world-sizes", default="8,64,512")
+    bs.add_argument("--topologies", default="ring,butterfly")
+    bs.add_argument("--bits", default="5,6,8.5", help="DynamiQ budgets")
+    bs.add_argument("--d", type=int, default=1 << 20,
+                    help="coordinates per rank (streamed in slices)")
+    bs.add_argument("--slice", type=int, default=None,
+                    help="coordinates per slice (default: 256 per rank, at least 2^16)")
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--json", help="write the rows to this JSON file")
+    bs.add_argument("--plot", help="write an SVG chart here")
+    bs.set_defaults(func=_cmd_bench_scale)
     return p
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GOLDEN", "MASK32", "fmix32", "hash_u32", "make_key", "uniform"]
+__all__ = ["GOLDEN", "MASK32", "MAX_WORLD", "fmix32", "hash_u32", "make_key", "stratum", "uniform"]
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B1  # odd, close to 2**32 / golden ratio
@@ -86,3 +86,50 @@ def uniform(k0: int, k1: int, index: np.ndarray) -> np.ndarray:
     """Reference: float32 uniforms in ``[0, 1)`` with 24 random bits, ``(hash >> 8) * 2**-24``."""
     h = hash_u32(k0, k1, index)
     return ((h >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)).astype(np.float32)
+
+
+#: Largest world size :func:`stratum` supports (16 bits of the hash per parameter).
+MAX_WORLD = 1 << 16
+
+
+def _perm_params(world: int) -> tuple[int, int]:
+    """``(mask, shift)``: the power-of-two domain ``[0, mask]`` covering ``world`` and the
+    xorshift distance of the permutation round."""
+    k = max(0, (int(world) - 1).bit_length())
+    return (1 << k) - 1, (k + 1) // 2
+
+
+def stratum(h: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """The stratum of ``rank`` under a per-element random permutation of ``world`` ranks.
+
+    Correlated rounding gives every rank one stratum ``[s/world, (s+1)/world)`` per element, a
+    permutation of the ranks drawn from the shared hash ``h`` (uint32, one per element). The
+    permutation is ``x ↦ g(x)`` iterated until it lands in ``[0, world)`` (cycle walking) where
+    ``g(x) = y ^ (y >> shift)`` with ``y = (a·x + b) mod 2^k``, ``a = (h mod 2^k) | 1`` odd and
+    ``b = (h >> 16) mod 2^k`` over the smallest ``2^k >= world``: a bijection of ``[0, 2^k)``,
+    so its cycle walk is a bijection of ``[0, world)``. Consecutive ranks (successive hops of a
+    ring) get unrelated strata, unlike a cyclic shift, which would give them adjacent ones.
+
+    Args:
+        h: uint32 (or uint64 holding uint32) hashes, any shape.
+        rank: ``0 <= rank < world``.
+        world: ``1 <= world <= MAX_WORLD``.
+
+    Returns:
+        uint64 strata, ``h``'s shape.
+    """
+    if not 1 <= world <= MAX_WORLD:
+        raise ValueError(f"world size must be in [1, {MAX_WORLD}], got {world}")
+    mask, shift = _perm_params(world)
+    h = np.asarray(h, dtype=np.uint64)
+    m, s = np.uint64(mask), np.uint64(shift)
+    a = (h & m) | np.uint64(1)
+    b = (h >> np.uint64(16)) & m
+    x = np.full(h.shape, rank, dtype=np.uint64)
+    todo = np.ones(h.shape, dtype=bool)
+    while todo.any():
+        y = (a * x + b) & m
+        y ^= y >> s
+        x = np.where(todo, y, x)
+        todo &= x >= np.uint64(world)
+    return x

@@ -64,3 +64,40 @@ def test_streams_are_distinct():
 def test_negative_seed_rejected():
     with pytest.raises(ValueError):
         rng.make_key(-1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8, 12, 64, 100, 512, 1000])
+def test_stratum_is_a_permutation_of_the_ranks_per_element(world):
+    h = rng.hash_u32(11, 22, np.arange(200, dtype=np.uint64))
+    strata = np.stack([rng.stratum(h, r, world) for r in range(world)])
+    # every element: the ranks occupy every stratum exactly once
+    assert np.array_equal(np.sort(strata, axis=0),
+                          np.broadcast_to(np.arange(world, dtype=np.uint64)[:, None], strata.shape))
+
+
+def test_stratum_decorrelates_neighbouring_ranks():
+    """Successive hops of a ring are consecutive ranks: their strata must not be adjacent
+    systematically (a cyclic shift would make |s(r+1) - s(r)| = 1 almost always)."""
+    world = 64
+    h = rng.hash_u32(3, 4, np.arange(20000, dtype=np.uint64))
+    a, b = rng.stratum(h, 10, world).astype(np.int64), rng.stratum(h, 11, world).astype(np.int64)
+    gap = np.abs(a - b)
+    assert (gap == 1).mean() < 0.1
+    # the correlation of neighbouring strata is near the -1/(n-1) of a uniform permutation
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.1
+
+
+def test_stratum_numba_twin_matches():
+    from dynamiq.kernels.numba.rng import stratum as nb_stratum
+
+    h = rng.hash_u32(5, 6, np.arange(300, dtype=np.uint64))
+    for world in (1, 3, 8, 37, 512):
+        for r in (0, world - 1, world // 2):
+            want = rng.stratum(h, r, world)
+            got = np.array([nb_stratum(np.uint64(v), r, world) for v in h], dtype=np.uint64)
+            assert np.array_equal(got, want)
+
+
+def test_stratum_rejects_huge_worlds():
+    with pytest.raises(ValueError, match="world size"):
+        rng.stratum(np.zeros(1, np.uint64), 0, rng.MAX_WORLD + 1)

@@ -44,8 +44,7 @@ def _uniforms(mode, keys, rank, world, gidx):
     g = rng.uniform(k0, k1, gidx)
     if mode != CORRELATED:
         return g
-    shift = rng.hash_u32(p0, p1, gidx).astype(np.uint64) % np.uint64(world)
-    slot = (np.uint64(rank) + shift) % np.uint64(world)
+    slot = rng.stratum(rng.hash_u32(p0, p1, gidx), rank, world)
     return ((slot.astype(_F) + g) / _F(world)).astype(_F)
 
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from dynamiq.kernels.numba.rng import hash_u32, uniform
+from dynamiq.kernels.numba.rng import hash_u32, stratum, uniform
 
 # rounding modes shared by every backend (see dynamiq.quantizers)
 NEAREST = 0
@@ -141,16 +141,16 @@ def round_index(a, tab, nfin, logp, mode, u):
 def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx):
     """The uniform used to round element ``gidx``: independent, or stratified across ranks.
 
-    CORRELATED: ``u = ((rank + shift) mod world + γ) / world`` where ``shift`` is a per-element
-    random cyclic shift drawn from the *shared* key ``(p0, p1)`` (the same on every rank) and
-    ``γ`` comes from the rank's own key ``(k0, k1)``: each rank's ``u`` is uniform on [0, 1), and
-    for every element exactly one rank falls in each stratum ``[k/world, (k+1)/world)``.
+    CORRELATED: ``u = (π(rank) + γ) / world`` where ``π`` is a per-element random permutation
+    of the ranks drawn from the *shared* key ``(p0, p1)`` (the same on every rank, see
+    :func:`dynamiq.rng.stratum`) and ``γ`` comes from the rank's own key ``(k0, k1)``: each
+    rank's ``u`` is uniform on [0, 1), and for every element exactly one rank falls in each
+    stratum ``[k/world, (k+1)/world)``.
     """
     g = uniform(k0, k1, gidx)
     if mode != CORRELATED:
         return g
-    shift = hash_u32(p0, p1, gidx) % np.uint64(world)
-    slot = (np.uint64(rank) + shift) % np.uint64(world)
+    slot = stratum(hash_u32(p0, p1, gidx), rank, world)
     return (np.float32(slot) + g) / np.float32(world)
 
 
@@ -259,6 +259,16 @@ def _source(spec: KernelSpec) -> str:
     return _HEADER.sub(lambda _: header, text, count=1)
 
 
+def _self_module() -> ModuleType:
+    return sys.modules[__name__]
+
+
+def _rng_module() -> ModuleType:
+    from dynamiq.kernels.numba import rng
+
+    return rng
+
+
 def kernels(spec: KernelSpec) -> ModuleType:
     """The block kernels specialised on ``spec``: ``encode``, ``decode``, ``recompress``.
 
@@ -272,7 +282,10 @@ def kernels(spec: KernelSpec) -> ModuleType:
     if mod is not None:
         return mod
     src = _source(spec)
-    digest = hashlib.sha1(src.encode()).hexdigest()[:10]
+    # the generated module inlines functions of these modules: Numba's cache only watches the
+    # generated file, so their source is part of its name
+    deps = "".join(Path(m.__file__).read_text() for m in (_self_module(), _rng_module()))
+    digest = hashlib.sha1((src + deps).encode()).hexdigest()[:10]
     name = f"dq_{spec.tag()}_{digest}"
     path = kernel_cache_dir() / f"{name}.py"
     if not path.exists() or path.read_text() != src:

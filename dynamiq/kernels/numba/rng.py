@@ -40,3 +40,23 @@ def uniform(k0, k1, index):
     """float32 in [0, 1) with 24 random bits."""
     h = hash_u32(k0, k1, index)
     return np.float32(h >> np.uint64(8)) * np.float32(5.9604644775390625e-08)
+
+
+@nb.njit(inline="always", cache=True)
+def stratum(h, rank, world):
+    """Numba twin of :func:`dynamiq.rng.stratum` for one element (uint64 result)."""
+    w = np.uint64(world)
+    k = np.uint64(0)
+    while (np.uint64(1) << k) < w:
+        k += np.uint64(1)
+    m = (np.uint64(1) << k) - np.uint64(1)
+    s = (k + np.uint64(1)) >> np.uint64(1)
+    hh = np.uint64(h)
+    a = (hh & m) | np.uint64(1)
+    b = (hh >> np.uint64(16)) & m
+    x = np.uint64(rank)
+    while True:
+        y = (a * x + b) & m
+        x = y ^ (y >> s)
+        if x < w:
+            return x

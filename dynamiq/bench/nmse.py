@@ -1,0 +1,246 @@
+"""``dynamiq bench nmse``: vNMSE and measured bits per coordinate of every method on real gradients.
+
+Every method is a registered pipeline run by the in-process simulator (the same per-rank logic
+as the distributed executor, bit for bit) on the same cached per-worker gradients
+(:mod:`dynamiq.bench.workloads`). For each method the error is averaged over the workload's
+training points, as the paper averages vNMSE over training. Per method, codec state (DynamiQ's
+warm start, the MX auto-scale factor, OmniReduce's ``k``) is carried from point to point as in
+training, after one unmeasured call on the first point so that adaptive baselines start tuned.
+
+Bits per coordinate are measured: the bytes every virtual rank put on the wire plus the metadata
+phase's BF16 values, normalised as DYNAMIQ.md §1 counts ``b̄``
+(:attr:`dynamiq.SimulationResult.bits`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dynamiq.codecs import DynamiQ
+from dynamiq.collectives.simulator import simulate
+from dynamiq.pipeline import Pipeline, get_pipeline
+
+__all__ = [
+    "ABLATION",
+    "DEFAULT_METHODS",
+    "SWEEP_BITS",
+    "Row",
+    "evaluate",
+    "method_pipeline",
+    "run",
+]
+
+#: Methods compared by default (registered pipeline names).
+DEFAULT_METHODS = ("dynamiq", "dynamiq-paper", "bf16", "mxfp8", "mxfp6", "mxfp4", "nvfp4",
+                   "thc", "omnireduce")
+
+#: The ablation of DYNAMIQ.md §4, each step adding one ingredient (all at 5 bits/coordinate:
+#: a fixed 4-bit width with a BF16 scale per group of 16 costs exactly 5).
+ABLATION: tuple[tuple[str, str], ...] = (
+    ("uniform levels", "dynamiq(widths=4,levels=uniform,scales=flat,rounding=stochastic)"),
+    ("ε-levels", "dynamiq(widths=4,scales=flat,rounding=stochastic)"),
+    ("+ variable widths (+ centering)", "center+dynamiq(scales=flat,rounding=stochastic)"),
+    ("+ hierarchical scales", "center+dynamiq(rounding=stochastic)"),
+    ("+ correlated rounding", "center+dynamiq"),
+)
+
+#: Budgets of the sweep (bits per coordinate).
+SWEEP_BITS = (3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+
+
+@dataclass
+class Row:
+    """One measured method on one workload.
+
+    Attributes:
+        workload: Workload name.
+        method: The label (registered name or the spec given).
+        pipeline: Canonical pipeline string that ran.
+        topology: Topology spec.
+        world_size: Number of ranks.
+        bits_per_coord: Measured ``b̄`` (mean over points).
+        vnmse: Mean vNMSE over the training points.
+        vnmse_points: vNMSE per point.
+        points: The training steps.
+        kind: ``"methods"``, ``"ablation"`` or ``"sweep"``.
+        unbiased: Whether the pipeline's estimate is unbiased by construction.
+        seconds: Simulation time (all points).
+    """
+
+    workload: str
+    method: str
+    pipeline: str
+    topology: str
+    world_size: int
+    bits_per_coord: float
+    vnmse: float
+    vnmse_points: list[float] = field(default_factory=list)
+    points: list[int] = field(default_factory=list)
+    kind: str = "methods"
+    unbiased: bool = False
+    seconds: float = 0.0
+
+
+def method_pipeline(method: str | Pipeline, topology: str | None = None,
+                    bits: float | None = None) -> Pipeline:
+    """The pipeline of ``method`` (registered name or spec), on ``topology``, with DynamiQ
+    codecs set to ``bits`` (other codecs keep their own budgets)."""
+    p = get_pipeline(method)
+    changes: dict = {}
+    if topology is not None:
+        changes["topology"] = topology
+    if bits is not None and isinstance(p.codec, DynamiQ) and p.codec.variable:
+        changes["codec"] = dataclasses.replace(p.codec, bits=float(bits))
+    return dataclasses.replace(p, **changes) if changes else p
+
+
+def evaluate(pipeline: Pipeline, sets: Sequence, *, warmup: int = 1) -> tuple[list[float],
+                                                                              list[float], float]:
+    """Simulate ``pipeline`` on every gradient set in order, carrying codec state.
+
+    Args:
+        pipeline: The pipeline.
+        sets: :class:`~dynamiq.bench.workloads.GradientSet` objects (``grads`` float32
+            ``[n, d]``).
+        warmup: Unmeasured calls on the first set before measuring.
+
+    Returns:
+        ``(vnmse per set, bits per set, seconds)``.
+    """
+    state: dict = {}
+    call = 0
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        simulate(pipeline, sets[0].grads, call=call, state=state, track_hops=False)
+        call += 1
+    vn, bits = [], []
+    for gs in sets:
+        r = simulate(pipeline, gs.grads, call=call, state=state, track_hops=False)
+        call += 1
+        vn.append(r.vnmse)
+        bits.append(r.bits)
+    return vn, bits, time.perf_counter() - t0
+
+
+def _row(workload: str, label: str, p: Pipeline, sets: Sequence, kind: str,
+         log: Callable[[str], None]) -> Row:
+    vn, bits, secs = evaluate(p, sets)
+    row = Row(workload, label, str(p), p.topology.spec(), sets[0].grads.shape[0],
+              sum(bits) / len(bits), sum(vn) / len(vn), vn, [g.point for g in sets], kind,
+              p.unbiased, secs)
+    log(f"  {label:<34} {row.bits_per_coord:7.3f} bits  vNMSE {row.vnmse:.4g}  ({secs:.1f}s)")
+    return row
+
+
+def _fmt_table(rows: list[Row], reference: float | None) -> str:
+    head = f"{'method':<34} {'topology':<10} {'bits/coord':>10} {'vNMSE':>11} {'vs MXFP8':>9}  bias"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio = (f"{reference / r.vnmse:8.2f}x" if reference and r.vnmse > 0 else f"{'':>9}")
+        lines.append(f"{r.method:<34} {r.topology:<10} {r.bits_per_coord:10.3f} "
+                     f"{r.vnmse:11.4g} {ratio}  {'unbiased' if r.unbiased else 'biased'}")
+    return "\n".join(lines)
+
+
+def _monotone(values: list[float]) -> bool:
+    return all(b < a for a, b in itertools.pairwise(values))
+
+
+def run(
+    workload: str = "gpt-stdlib",
+    *,
+    world_size: int = 8,
+    topology: str = "ring",
+    methods: Sequence[str] = DEFAULT_METHODS,
+    bits: float = 5.0,
+    ablation: bool = False,
+    sweep: bool = False,
+    points: int | None = None,
+    json_path: str | None = None,
+    plot_path: str | None = None,
+    cache_dir: str | None = None,
+    out: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Measure the methods (and optionally the ablation and budget sweep); print tables.
+
+    Args:
+        workload: Registered workload name or spec (e.g. ``"lognormal(d=65536)"``).
+        world_size: Ranks ``n``.
+        topology: Topology spec for every method.
+        methods: Registered pipeline names or specs.
+        bits: Budget of DynamiQ methods (bits/coordinate, metadata included).
+        ablation: Also run :data:`ABLATION`.
+        sweep: Also run DynamiQ (the first DynamiQ method in ``methods``, else ``dynamiq``) at
+            :data:`SWEEP_BITS`.
+        points: Training points to use (default: the workload's).
+        json_path: Write every row as JSON here.
+        plot_path: Write an SVG chart (vNMSE against bits) here.
+        cache_dir: Gradient cache folder.
+        out: Where tables go.
+        log: Progress lines (default: standard error).
+
+    Returns:
+        All rows.
+    """
+    from dynamiq.bench.workloads import get_workload
+
+    if log is None:
+        def log(s: str) -> None:
+            print(s, file=sys.stderr, flush=True)
+    wl = get_workload(workload)
+    name = getattr(wl, "name", None) or str(workload)
+    log(f"{name}: gradients of {world_size} workers")
+    kw = {} if points is None else {"points": points}
+    sets = wl.gradients(world_size, cache_dir=cache_dir, progress=log, **kw)
+    d = sets[0].grads.shape[1]
+    log(f"{name}: {len(sets)} points x {world_size} workers x {d} coordinates")
+    rows: list[Row] = []
+    for m in methods:
+        rows.append(_row(name, m, method_pipeline(m, topology, bits), sets, "methods", log))
+    ref = next((r.vnmse for r in rows if r.method == "mxfp8"), None)
+    out(f"\n{name}, n={world_size}, {topology}, {d} coordinates, "
+        f"{len(sets)} training points (steps {', '.join(str(g.point) for g in sets)})")
+    out(_fmt_table(rows, ref))
+    if ablation:
+        abl = [_row(name, label, method_pipeline(spec + f"@{topology}", None, bits), sets,
+                    "ablation", log) for label, spec in ABLATION]
+        rows += abl
+        out(f"\nablation ({topology}, {bits:g} bits/coordinate)")
+        out(_fmt_table(abl, ref))
+        ok = _monotone([r.vnmse for r in abl])
+        out(f"every step lowers vNMSE: {'yes' if ok else 'NO'}")
+    if sweep:
+        base = next((m for m in methods if isinstance(get_pipeline(m).codec, DynamiQ)
+                     and get_pipeline(m).codec.variable), "dynamiq")
+        sw = [_row(name, f"{base} @ {b:g} bits", method_pipeline(base, topology, b), sets,
+                   "sweep", log) for b in SWEEP_BITS]
+        rows += sw
+        out(f"\nbudget sweep ({base}, {topology})")
+        out(_fmt_table(sw, ref))
+        ok = _monotone([r.vnmse for r in sw])
+        out(f"vNMSE falls with every added bit: {'yes' if ok else 'NO'}")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+        log(f"wrote {json_path}")
+    if plot_path:
+        from dynamiq.bench.svg import scatter_plot
+
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            key = r.method if r.kind == "methods" else ("DynamiQ sweep" if r.kind == "sweep"
+                                                        else "ablation")
+            if r.kind == "ablation":
+                continue
+            series.setdefault(key, []).append((r.bits_per_coord, r.vnmse))
+        scatter_plot(series, plot_path, title=f"{name}, n={world_size}, {topology}")
+        log(f"wrote {plot_path}")
+    return rows
