@@ -3,14 +3,18 @@
 The public API is re-exported here; everything else is an implementation detail.
 """
 
+from dynamiq import baselines as _baselines  # noqa: F401  (registers the baselines)
 from dynamiq.center import Center
 from dynamiq.codecs import (
     CODECS,
     DynamiQ,
     HopContext,
+    IntSum,
     PartialSumCodec,
     Passthrough,
     Requant,
+    SharedScale,
+    Sparse,
     WidthPlan,
     get_codec,
 )
@@ -62,6 +66,7 @@ __all__ = [
     "HopContext",
     "Identity",
     "IntFormat",
+    "IntSum",
     "LevelFormat",
     "NumberFormat",
     "PartialSumCodec",
@@ -73,7 +78,9 @@ __all__ = [
     "Requant",
     "Ring",
     "Schedule",
+    "SharedScale",
     "SimulationResult",
+    "Sparse",
     "Topology",
     "Transfer",
     "Transform",

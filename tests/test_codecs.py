@@ -12,6 +12,9 @@ NaN payloads count, and "equal" always means bit-identical.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +23,7 @@ from dynamiq import (
     CODECS,
     QUANTIZERS,
     BlockQuantizer,
+    DynamiQ,
     HopContext,
     PartialSumCodec,
     Passthrough,
@@ -27,6 +31,7 @@ from dynamiq import (
     UnknownNameError,
     get_codec,
 )
+from dynamiq.collectives.metadata import local_statistics
 
 SIZES = (1, 255, 256, 1000)
 WRITEBACKS = ("none", "sum", "decoded")
@@ -38,6 +43,9 @@ def _representatives(cls: type) -> list[PartialSumCodec]:
         return [Passthrough("fp32"), Passthrough("bf16")]
     if cls is Requant:
         return [Requant(name) for name in QUANTIZERS.names()] + [Requant("dq4_hier", seed=7)]
+    if cls is DynamiQ:
+        return [DynamiQ(), DynamiQ(widths="4"),
+                DynamiQ(bits=7.0, widths="2/4/8/16", scales="flat", rounding="stochastic")]
     try:
         return [cls()]
     except TypeError:
@@ -83,14 +91,27 @@ CTX = HopContext(seed=0, stream=(3, 1), rank=1, world_size=3, index_offset=512)
 CTX_LEAF = HopContext(seed=0, stream=(3, 1), rank=2, world_size=3, index_offset=512)
 
 
+@functools.cache
+def _ctx(codec: PartialSumCodec, n: int, base: HopContext = CTX) -> HopContext:
+    """``base`` with the metadata a collective would give: the statistics the codec declares
+    and its per-call decision (``prepare``) for a vector that ends with this chunk."""
+    length = base.index_offset + n
+    full = _data(length, 99)
+    stats = local_statistics(codec.statistics, full)
+    state: dict = {}
+    stats.update({k: v for k, (v, _) in codec.local_metadata(full, state).items()})
+    plan = codec.prepare(stats, length, base.world_size, state)
+    return dataclasses.replace(base, stats=stats, prepared={codec: plan})
+
+
 def _message(codec: PartialSumCodec, n: int, seed: int = 1) -> torch.Tensor:
     """What an upstream rank would send: the compressed partial sum of a random chunk."""
-    return codec.compress(_data(n, seed), CTX_LEAF)
+    return codec.compress(_data(n, seed), _ctx(codec, n, CTX_LEAF))
 
 
 def _decompressed(codec: PartialSumCodec, data: torch.Tensor, n: int) -> torch.Tensor:
     out = torch.empty(n, dtype=torch.float32)
-    codec.decompress(data, out)
+    codec.decompress(data, out, _ctx(codec, n))
     return out
 
 
@@ -115,12 +136,12 @@ def test_every_registered_quantizer_is_enrolled_as_requant():
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("codec", SAMPLES, ids=_id)
 def test_wire_bytes_is_the_compressed_length(codec, n):
-    data = codec.compress(_data(n, 0), CTX)
+    data = codec.compress(_data(n, 0), _ctx(codec, n))
     assert data.dtype == torch.uint8 and data.dim() == 1
-    assert data.numel() == codec.wire_bytes(n)
+    assert data.numel() == codec.wire_bytes(n, _ctx(codec, n))
     # a preallocated buffer of exactly that size is filled in place, with the same bytes
-    buf = torch.empty(codec.wire_bytes(n), dtype=torch.uint8)
-    out = codec.compress(_data(n, 0), CTX, out=buf)
+    buf = torch.empty(codec.wire_bytes(n, _ctx(codec, n)), dtype=torch.uint8)
+    out = codec.compress(_data(n, 0), _ctx(codec, n), out=buf)
     assert out.data_ptr() == buf.data_ptr()
     assert_same_bits(buf, data, "compress(out=...)")
 
@@ -130,7 +151,8 @@ def test_wire_bytes_is_the_compressed_length(codec, n):
 def test_compress_is_a_function_of_input_and_context(codec, n):
     x = _data(n, 0)
     x0 = x.clone()
-    assert_same_bits(codec.compress(x, CTX), codec.compress(x, CTX), "compress twice")
+    ctx = _ctx(codec, n)
+    assert_same_bits(codec.compress(x, ctx), codec.compress(x, ctx), "compress twice")
     assert_same_bits(x, x0, "compress modified its input")
 
 
@@ -141,7 +163,7 @@ def test_decompress_accumulate_is_acc_plus_decompress(codec, n):
     acc = _data(n, 2)
     want = acc + _decompressed(codec, data, n)
     data0 = data.clone()
-    codec.decompress_accumulate(data, acc)
+    codec.decompress_accumulate(data, acc, _ctx(codec, n))
     assert_same_bits(acc, want, "decompress_accumulate")
     assert_same_bits(data, data0, "decompress_accumulate modified the message")
 
@@ -152,8 +174,8 @@ def test_fused_recompress_equals_compress_of_the_sum(codec, n):
     data = _message(codec, n)
     acc = _data(n, 2)
     acc0 = acc.clone()
-    want = codec.compress(acc0 + _decompressed(codec, data, n), CTX)
-    got = codec.decompress_accumulate_recompress(data, acc, CTX)
+    want = codec.compress(acc0 + _decompressed(codec, data, n), _ctx(codec, n))
+    got = codec.decompress_accumulate_recompress(data, acc, _ctx(codec, n))
     assert_same_bits(got, want, "decompress_accumulate_recompress vs compress(acc + decompress)")
     assert_same_bits(acc, acc0, "writeback='none' changed acc")
 
@@ -164,8 +186,8 @@ def test_fused_recompress_writeback_sum(codec, n):
     data = _message(codec, n)
     acc = _data(n, 2)
     total = acc + _decompressed(codec, data, n)  # the float32 partial sum
-    want = codec.compress(total.clone(), CTX)
-    got = codec.decompress_accumulate_recompress(data, acc, CTX, writeback="sum")
+    want = codec.compress(total.clone(), _ctx(codec, n))
+    got = codec.decompress_accumulate_recompress(data, acc, _ctx(codec, n), writeback="sum")
     assert_same_bits(got, want, "bytes with writeback='sum'")
     assert_same_bits(acc, total, "writeback='sum' must leave acc + decompress(data) in acc")
 
@@ -175,8 +197,8 @@ def test_fused_recompress_writeback_sum(codec, n):
 def test_fused_recompress_writeback_decoded(codec, n):
     data = _message(codec, n)
     acc = _data(n, 2)
-    want = codec.compress(acc + _decompressed(codec, data, n), CTX)
-    got = codec.decompress_accumulate_recompress(data, acc, CTX, writeback="decoded")
+    want = codec.compress(acc + _decompressed(codec, data, n), _ctx(codec, n))
+    got = codec.decompress_accumulate_recompress(data, acc, _ctx(codec, n), writeback="decoded")
     assert_same_bits(got, want, "bytes with writeback='decoded'")
     # what the sink keeps is exactly what every receiver of these bytes decodes
     assert_same_bits(acc, _decompressed(codec, got, n), "writeback='decoded'")
@@ -187,9 +209,9 @@ def test_fused_recompress_fills_out_buffer(codec):
     n = 300
     data = _message(codec, n)
     acc = _data(n, 2)
-    want = codec.decompress_accumulate_recompress(data, acc.clone(), CTX)
-    buf = torch.empty(codec.wire_bytes(n), dtype=torch.uint8)
-    got = codec.decompress_accumulate_recompress(data, acc, CTX, out=buf)
+    want = codec.decompress_accumulate_recompress(data, acc.clone(), _ctx(codec, n))
+    buf = torch.empty(codec.wire_bytes(n, _ctx(codec, n)), dtype=torch.uint8)
+    got = codec.decompress_accumulate_recompress(data, acc, _ctx(codec, n), out=buf)
     assert got.data_ptr() == buf.data_ptr()
     assert_same_bits(buf, want, "out buffer")
 
@@ -198,13 +220,14 @@ def test_fused_recompress_fills_out_buffer(codec):
 def test_unknown_writeback_is_rejected(codec):
     data = _message(codec, 64)
     with pytest.raises(ValueError, match="writeback"):
-        codec.decompress_accumulate_recompress(data, _data(64, 2), CTX, writeback="both")
+        codec.decompress_accumulate_recompress(data, _data(64, 2), _ctx(codec, 64),
+                                               writeback="both")
 
 
 @pytest.mark.parametrize("codec", SAMPLES, ids=_id)
 def test_lossless_flag_is_honest(codec):
     x = _data(1000, 5)
-    y = _decompressed(codec, codec.compress(x, CTX), 1000)
+    y = _decompressed(codec, codec.compress(x, _ctx(codec, 1000)), 1000)
     if codec.lossless:
         assert_same_bits(y, x, f"{_id(codec)} claims to be lossless")
     else:

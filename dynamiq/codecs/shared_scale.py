@@ -1,0 +1,325 @@
+"""The MX baselines (MXFP8 / MXFP6 / MXFP4, NVFP4) as a partial-sum codec (DYNAMIQ.md §3).
+
+Every block of ``block`` consecutive coordinates shares one scale that all ranks derive from the
+metadata phase, so no scale travels with the data and every hop re-casts onto the *same* grid:
+
+1. **Metadata.** The per-block maximum ``max_i max_blk |x_i|`` (statistic ``absmax32`` or
+   ``absmax16``, each rank's value rounded up to BF16, max-reduced). The metadata module
+   accounts it at 16 bits per block: 0.5 bits/coordinate for blocks of 32 (MXFP8 costs 8.5
+   bits/coordinate, as the paper counts it), 1 bit/coordinate for blocks of 16.
+2. **Scale** (:meth:`SharedScale.prepare`): ``raw = gmax * μ / elem_max`` rounded *up* to the
+   scale format. E8M0 scales are powers of two (``2**ceil(log2 raw)``, clamped to E8M0's
+   ``2**-127 … 2**127``). Any other scale format (E4M3 for NVFP4) cannot span a gradient's
+   range on its own, so, as NVFP4 does, it is relative to one FP32 per-tensor scale
+   ``T = max(raw) / fmt_max`` that every rank computes from the same metadata: the block scale
+   is ``T * up(raw / T)``. ``μ`` is the FP8-LM-style auto-scale factor (a power of two, kept in
+   the per-tensor ``state``): partial sums of ``k`` ranks exceed one rank's maximum, by about
+   ``sqrt(k)`` for random signs, so it starts at ``2**round(log2 sqrt(n))``.
+3. **Hops.** Every hop adds in float32 and re-casts with round-to-nearest-even onto
+   ``element`` × the block's scale, saturating at ``±elem_max * scale``. No per-hop rescaling,
+   no stochastic rounding (biased: ``unbiased = False``).
+4. **Auto-scale** (:meth:`SharedScale.observe`, on the final result, identical on every rank):
+   the coordinates whose magnitude equals their block's saturation value ``elem_max * scale``
+   are counted; if more than ``1e-4`` of the coordinates saturated, ``μ`` doubles for the next
+   call; if none did, ``μ`` halves, but never below 1.
+
+NaN and ±Inf (inputs, or any partial sum) are coded as NaN, so they stay visible; E4M3 has a
+NaN code, and formats without one (E3M2, E2M1) use the negative-zero pattern, which a
+round-to-nearest cast never produces otherwise (zero is always coded ``+0``).
+
+Wire: only the element codes, ``bits`` per coordinate, packed (6- and 4-bit codes share
+bytes); see :mod:`dynamiq.kernels.numba.baselines` for the layout.
+
+Outside a collective (a :class:`HopContext` without ``prepared`` values, or none) every block's
+scale is 1: the codec is then a plain saturating cast to ``element``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
+from dynamiq.kernels.numba import baselines as kern
+from dynamiq.kernels.tables import FormatTables
+from dynamiq.spec import format_call
+
+__all__ = ["SharedScale", "SharedScalePlan"]
+
+#: Overflow rate above which the auto-scale factor doubles.
+OVERFLOW_RATE = 1e-4
+#: Upper bound of the auto-scale factor (a runaway guard; 2**24 ranks' worth of head-room).
+MAX_MU = 2.0**24
+
+_STATISTIC = {32: "absmax32", 16: "absmax16"}
+_E8M0_MIN_EXP = -127
+_E8M0_MAX_EXP = 127
+
+
+def initial_mu(world_size: int) -> float:
+    """``2**round(log2(sqrt(n)))`` (halves round up): the auto-scale factor of a first call."""
+    return 2.0 ** math.floor(0.5 * math.log2(max(1, world_size)) + 0.5)
+
+
+@dataclass(frozen=True)
+class SharedScalePlan:
+    """The per-call decision of a :class:`SharedScale` codec (identical on every rank).
+
+    Attributes:
+        scales: float32 ``[blocks]``, the shared scale of every block of the vector (NaN for a
+            block whose global maximum is not finite).
+        saturation: float32 ``[blocks]``, ``elem_max * scale`` as decoded (the value an
+            overflowing coordinate takes).
+        mu: The auto-scale factor the scales were computed with.
+        tensor_scale: The FP32 per-tensor scale ``T`` (1 for power-of-two scales).
+    """
+
+    scales: torch.Tensor
+    saturation: torch.Tensor
+    mu: float
+    tensor_scale: float = 1.0
+
+
+@CODECS.register("shared_scale")
+@dataclass(frozen=True)
+class SharedScale(PartialSumCodec):
+    """MX-style partial sums: minifloat elements under a shared per-block scale from the metadata.
+
+    Equivalent, at every hop, to ``cast_rne_saturate((acc + decode(msg)) / scale) * scale``
+    with one fixed scale per block for the whole call (see the module doc).
+
+    Args:
+        element: Element format name (``"e4m3"`` MXFP8, ``"e3m2"`` MXFP6, ``"e2m1"`` MXFP4 and
+            NVFP4, or any signed table format of :data:`~dynamiq.formats.FORMATS` with a zero).
+        block: Coordinates per shared scale: 32 (MX) or 16 (NVFP4) — the block sizes of the
+            ``absmax32`` / ``absmax16`` metadata statistics.
+        scale: Scale format name: ``"e8m0"`` (power-of-two, MX) or another float format such
+            as ``"e4m3"`` (NVFP4-style, under an FP32 per-tensor scale).
+
+    Raises:
+        ValueError: unknown format, element format unusable (unsigned, no zero, FP32), scale
+            format not a float format, or a block size without a matching statistic.
+    """
+
+    element: str = "e4m3"
+    block: int = 32
+    scale: str = "e8m0"
+
+    def __post_init__(self) -> None:
+        for name in ("element", "scale"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"shared_scale {name} must be a format name, got {value!r}")
+            # canonical names, so that aliases give equal codecs and one spec string
+            object.__setattr__(self, name, FORMATS.canonical(value))
+        fmt = FORMATS[self.element]
+        if fmt.kind != "table" or not fmt.signed or fmt.min_value != 0.0 or fmt.bits > 16:
+            raise ValueError(
+                f"shared_scale element {self.element!r} must be a signed format of at most 16 "
+                f"bits with a zero (got {fmt.describe()})"
+            )
+        if not isinstance(FORMATS[self.scale], FloatFormat):
+            raise ValueError(
+                f"shared_scale scale {self.scale!r} must be a float format such as 'e8m0' or "
+                "'e4m3'"
+            )
+        if isinstance(self.block, bool) or self.block not in _STATISTIC:
+            raise ValueError(
+                f"shared_scale block must be one of {sorted(_STATISTIC)} (the block sizes of the "
+                f"per-block maximum statistics {sorted(_STATISTIC.values())}), got {self.block!r}"
+            )
+
+    # ---- configuration ----------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:  # type: ignore[override]
+        return self.block
+
+    @property
+    def statistics(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (_STATISTIC[self.block],)
+
+    @property
+    def element_format(self) -> NumberFormat:
+        """The element format object."""
+        return FORMATS[self.element]
+
+    @property
+    def bits(self) -> int:
+        """Bits per coordinate on the wire."""
+        return self.element_format.bits
+
+    @cached_property
+    def _tables(self) -> tuple[tuple, int, int, np.ndarray]:
+        """``((tab, nfin, lut, lshift, lkey0), mbits, nan_code, dec)`` for the kernels."""
+        fmt = self.element_format
+        t = FormatTables.of(fmt)
+        mb = fmt.magnitude_bits
+        dec = fmt.decode(np.arange(2**fmt.bits)).astype(np.float32)
+        if fmt.nan_code is not None:
+            nan_code = fmt.nan_code
+        else:
+            nan_code = 1 << mb  # negative zero: never produced by the cast itself
+            dec[nan_code] = np.nan
+        return (t.search, t.nfin, t.lut, t.lshift, t.lkey0), mb, nan_code, dec
+
+    # ---- sizes --------------------------------------------------------------------------------
+    def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
+        """``ceil(n * bits / 8)``: the packed element codes, nothing else."""
+        return -(-n * self.bits // 8)
+
+    # ---- the metadata phase -------------------------------------------------------------------
+    def _scales(self, gmax: np.ndarray, mu: float) -> tuple[np.ndarray, float]:
+        """float32 block scales for float64 global block maxima, and the per-tensor scale."""
+        raw = gmax * mu / self.element_format.max_value
+        finite = np.isfinite(raw)
+        out = np.full(raw.shape, np.nan)
+        sfmt = FORMATS[self.scale]
+        tensor = 1.0
+        if self.scale == "e8m0":
+            with np.errstate(divide="ignore"):
+                e = np.ceil(np.log2(np.where(finite & (raw > 0), raw, 1.0)))
+            e = np.where(finite & (raw > 0), e, _E8M0_MIN_EXP)
+            out[finite] = np.ldexp(1.0, np.clip(e, _E8M0_MIN_EXP, _E8M0_MAX_EXP)
+                                   .astype(np.int64))[finite]
+        else:
+            top = float(raw[finite].max()) if finite.any() else 0.0
+            tensor = top / sfmt.max_value if top > 0 else 1.0
+            if top / tensor > sfmt.max_value:  # keep the largest block inside the format
+                tensor = float(np.nextafter(tensor, np.inf))
+            ratio = np.where(finite, raw / tensor, 0.0)
+            q = sfmt.decode(sfmt.encode(ratio, rounding="up"))
+            q = np.where(q > 0, q, sfmt.magnitudes()[sfmt.magnitudes() > 0][0])
+            out[finite] = (q * tensor)[finite]
+        s = out.astype(np.float32)
+        # the float32 scale must not fall below the float64 one (the maximum must not saturate)
+        low = np.isfinite(s) & (s.astype(np.float64) < out)
+        s[low] = np.nextafter(s[low], np.float32(np.inf))
+        return s, tensor
+
+    def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
+                state: dict) -> SharedScalePlan:
+        """Block scales from the global block maxima and the auto-scale factor in ``state``.
+
+        Args:
+            stats: Global statistics; reads float64 ``[ceil(length / block)]``
+                ``stats["absmax32"]`` (or ``"absmax16"``).
+            length: Vector length.
+            world_size: Number of ranks (sets the first call's ``μ``).
+            state: Per-tensor state; ``state["mu"]`` is read (created on the first call).
+        """
+        gmax = stats[_STATISTIC[self.block]].double().cpu().numpy()
+        blocks = -(-length // self.block)
+        if gmax.size != blocks:
+            raise ValueError(f"{_STATISTIC[self.block]} has {gmax.size} blocks, the vector "
+                             f"needs {blocks}")
+        mu = float(state.setdefault("mu", initial_mu(world_size)))
+        s, tensor = self._scales(gmax, mu)
+        top = np.float32(self.element_format.max_value)
+        sat = (top * s).astype(np.float32)  # float32 multiply, as the decoder computes it
+        return SharedScalePlan(torch.from_numpy(s), torch.from_numpy(sat), mu, tensor)
+
+    def observe(self, result: torch.Tensor, prepared: SharedScalePlan | None, world_size: int,
+                state: dict) -> None:
+        """Count saturated coordinates of the result and adapt ``μ`` (see the module doc).
+
+        Sets ``state["mu"]`` for the next call and ``state["overflow_rate"]`` (the fraction of
+        coordinates at their block's saturation value in this call).
+        """
+        if prepared is None:
+            return
+        r = result.detach().float().reshape(-1).cpu()
+        n = r.numel()
+        blocks = prepared.saturation.numel()
+        pad = torch.zeros(blocks * self.block, dtype=torch.float32)
+        pad[:n] = r.abs()
+        hits = int((pad.view(blocks, self.block) == prepared.saturation[:, None]).sum())
+        rate = hits / max(1, n)
+        mu = prepared.mu
+        if rate > OVERFLOW_RATE:
+            mu = min(MAX_MU, mu * 2.0)
+        elif hits == 0:
+            mu = max(1.0, mu / 2.0)
+        state["mu"] = mu
+        state["overflow_rate"] = rate
+
+    # ---- hop operations -----------------------------------------------------------------------
+    def _block_scales(self, n: int, ctx: HopContext | None) -> np.ndarray:
+        """float32 scales of the chunk's blocks (ones outside a collective)."""
+        nb = -(-n // self.block)
+        if ctx is None or ctx.prepared is None:
+            return np.ones(nb, dtype=np.float32)
+        plan = ctx.prepared.get(self)
+        if plan is None:
+            raise ValueError(f"{self.spec()}: the HopContext carries no prepared scales for "
+                             "this codec (run it inside a pipeline: simulate / all_reduce)")
+        off = ctx.index_offset
+        if off % self.block:
+            raise ValueError(f"chunk offset {off} is not a multiple of the block {self.block}")
+        j = off // self.block
+        s = plan.scales[j: j + nb]
+        if s.numel() != nb:
+            raise ValueError(f"chunk [{off}, {off + n}) lies outside the prepared vector")
+        return s.numpy()
+
+    def _out(self, n: int, out: torch.Tensor | None) -> torch.Tensor:
+        nbytes = self.wire_bytes(n)
+        if out is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
+        return out
+
+    def _check_data(self, data: torch.Tensor, n: int) -> np.ndarray:
+        if data.dtype != torch.uint8 or data.numel() != self.wire_bytes(n):
+            raise ValueError(f"message must be {self.wire_bytes(n)} uint8 bytes for {n} "
+                             f"coordinates, got {data.numel()} {data.dtype}")
+        return data.contiguous().numpy()
+
+    def compress(self, x, ctx, out=None):
+        """Packed codes (uint8 ``[ceil(n*bits/8)]``) of the float32 chunk ``x`` ``[n]``."""
+        _check_chunk(x)
+        n = x.numel()
+        out = self._out(n, out)
+        search, mb, nan_code, _ = self._tables
+        kern.shared_encode(x.numpy(), self._block_scales(n, ctx), self.block, *search, mb,
+                           nan_code, out.numpy())
+        return out
+
+    def _decode(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None,
+                mode: int) -> None:
+        _check_chunk(out, "output")
+        n = out.numel()
+        dec = self._tables[3]
+        kern.shared_decode(self._check_data(data, n), self._block_scales(n, ctx), self.block,
+                           dec, self.bits, out.numpy(), mode)
+
+    def decompress(self, data, out, ctx=None):
+        """Decode into the float32 ``out`` ``[n]``: ``code value * block scale``."""
+        self._decode(data, out, ctx, 0)
+        return out
+
+    def decompress_accumulate(self, data, acc, ctx=None):
+        """``acc += decompress(data)`` (one float32 add per coordinate)."""
+        self._decode(data, acc, ctx, 1)
+
+    def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
+        """``compress(acc + decompress(data))`` in one pass, with the same block scales."""
+        if writeback not in _WRITEBACK:
+            raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        _check_chunk(acc, "accumulator")
+        n = acc.numel()
+        out = self._out(n, out)
+        search, mb, nan_code, dec = self._tables
+        kern.shared_recompress(self._check_data(data, n), acc.numpy(),
+                               self._block_scales(n, ctx), self.block, *search, mb, nan_code,
+                               dec, out.numpy(), _WRITEBACK.index(writeback))
+        return out
+
+    def spec(self) -> str:
+        return format_call("shared_scale", self)

@@ -1,0 +1,326 @@
+"""The OmniReduce baseline as a partial-sum codec: block sparsification (DYNAMIQ.md §3).
+
+The vector is cut into blocks of 256 coordinates. Only a call-wide set of *selected* blocks
+travels, exactly summed in BF16; every other block is dropped (its result is 0), which biases
+the sum towards zero (``unbiased = False``).
+
+1. **Metadata.** Every rank flags its own top-``k`` blocks by norm
+   (:meth:`Sparse.local_metadata`: a 0/1 indicator per block, max-reduced into the *union*
+   ``U``; accounted at 1 bit per block, :meth:`Sparse.metadata_bits`), and the declared
+   ``sumsq`` statistic gives every block's global energy (16 bits per block, accounted by the
+   metadata module). Blocks holding NaN or ±Inf count as infinitely large, so that they are
+   selected and the non-finite value stays visible.
+2. **Selection** (:meth:`Sparse.prepare`): the budget ``b̄`` (bits per coordinate, metadata
+   included, as :attr:`dynamiq.SimulationResult.bits` counts it) leaves
+   ``target = floor((b̄ d - metadata bits) / (16 * 256))`` blocks of BF16 values. If
+   ``|U| > target``, the ``target`` blocks of ``U`` with the largest global energy are kept, so
+   the budget always holds (every block, the vector's partial last one included, is counted as
+   256 coordinates).
+3. **Adapting k.** The ``k`` of the next call moves with momentum 0.8 towards the ``k*`` that
+   would have produced ``|U| = target``, estimated from this call's ``(k, |U|)`` with the model
+   ``|U(k)| = B (1 - (1 - k/B)**m)`` of ``m`` independent selections among ``B`` blocks (``m``
+   fitted to the observation: 1 when all ranks chose alike, ``n`` when they chose
+   independently). ``state["k"]`` holds the (real) value; a call uses ``round(k)`` clipped to
+   ``[1, B]``. The first call, whose local selection happens before the world size is known
+   (``local_metadata`` does not receive it), uses ``k = target``; the trim of step 2 keeps it
+   within budget.
+4. **Hops.** Selected coordinates travel as BF16; every hop adds in float32 and re-casts to BF16
+   (round to nearest even).
+
+Wire: the chunk's selected coordinates as BF16, in order; the size depends on the call
+(``variable_size``). Outside a collective (a :class:`HopContext` without ``prepared`` values,
+or none) every block counts as selected: the codec is then a BF16 passthrough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.spec import format_call
+
+__all__ = ["Sparse", "SparsePlan"]
+
+BLOCK = 256
+#: Name of the codec's own metadata (the union of the ranks' top-k blocks).
+MASK_NAME = "sparse.mask"
+#: Bits per selected coordinate on the wire (BF16).
+VALUE_BITS = 16
+#: Bits per block of the ``sumsq`` statistic, as the metadata module accounts it.
+ENERGY_BITS = 16
+
+
+@dataclass
+class SparsePlan:
+    """The per-call selection of a :class:`Sparse` codec (identical on every rank).
+
+    Attributes:
+        selected: bool ``[blocks]``, the blocks that travel.
+        union: Number of blocks in the union of the ranks' top-k selections.
+        k: The per-rank ``k`` this call's selections used.
+        target: Blocks the budget allows.
+        length: Vector length.
+    """
+
+    selected: torch.Tensor
+    union: int
+    k: int
+    target: int
+    length: int
+    _index: dict = field(default_factory=dict, repr=False)
+
+    def index(self, offset: int, n: int) -> torch.Tensor:
+        """int64 chunk-local indices of the selected coordinates of ``[offset, offset + n)``."""
+        key = (offset, n)
+        idx = self._index.get(key)
+        if idx is None:
+            j0 = offset // BLOCK
+            nb = -(-n // BLOCK)
+            sel = self.selected[j0:j0 + nb]
+            if sel.numel() != nb:
+                raise ValueError(f"chunk [{offset}, {offset + n}) lies outside the prepared "
+                                 "vector")
+            idx = torch.nonzero(sel.repeat_interleave(BLOCK)[:n]).flatten()
+            self._index[key] = idx
+        return idx
+
+
+@CODECS.register("sparse")
+@dataclass(frozen=True)
+class Sparse(PartialSumCodec):
+    """OmniReduce-style block sparsification: a shared set of blocks, summed in BF16.
+
+    Equivalent to ``bf16_sum(x masked to the selected blocks)`` at every hop, with the selection
+    fixed for the call (see the module doc).
+
+    Args:
+        bits: Budget ``b̄`` in bits per coordinate, metadata included.
+        momentum: Weight of the previous ``k`` in its update, in ``[0, 1)``.
+
+    Raises:
+        ValueError: a non-positive or non-finite budget, or a momentum outside ``[0, 1)``.
+    """
+
+    bits: float = 8.0
+    momentum: float = 0.8
+
+    block_size = BLOCK
+    variable_size = True
+    statistics = ("sumsq",)
+
+    def __post_init__(self) -> None:
+        for name, value in (("bits", self.bits), ("momentum", self.momentum)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"sparse {name} must be a finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not 0 < self.bits <= 64:
+            raise ValueError(f"sparse bits must be in (0, 64] bits per coordinate, got "
+                             f"{self.bits!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"sparse momentum must be in [0, 1), got {self.momentum!r}")
+
+    # ---- budget -------------------------------------------------------------------------------
+    def metadata_bits(self, length: int) -> int:
+        """The bitmap: 1 bit per block (the energies are the declared ``sumsq`` statistic)."""
+        return -(-length // BLOCK)
+
+    def target_blocks(self, length: int) -> int:
+        """Blocks of BF16 values the budget allows for a vector of ``length``.
+
+        Raises:
+            ValueError: the metadata alone (17 bits per block) exceeds the budget.
+        """
+        blocks = -(-length // BLOCK)
+        meta = ENERGY_BITS * blocks + self.metadata_bits(length)
+        spare = self.bits * length - meta
+        if spare < 0:
+            raise ValueError(
+                f"sparse(bits={self.bits:g}): the metadata alone costs "
+                f"{meta / length:.4g} bits per coordinate for {length} coordinates"
+            )
+        return min(blocks, int(spare // (VALUE_BITS * BLOCK)))
+
+    def _k(self, length: int, state: dict) -> int:
+        blocks = -(-length // BLOCK)
+        k = state.get("k")
+        if k is None:
+            k = self.target_blocks(length)
+        return int(min(blocks, max(1, round(k))))
+
+    # ---- the metadata phase -------------------------------------------------------------------
+    @staticmethod
+    def _energies(y: torch.Tensor) -> torch.Tensor:
+        """float64 ``[blocks]`` block energies of a float32 vector, non-finite ones as +inf."""
+        y64 = y.detach().to(device="cpu", dtype=torch.float64).reshape(-1)
+        blocks = -(-y64.numel() // BLOCK)
+        pad = torch.zeros(blocks * BLOCK, dtype=torch.float64)
+        pad[: y64.numel()] = y64
+        e = (pad.view(blocks, BLOCK) ** 2).sum(1)
+        return torch.where(torch.isnan(e), torch.full_like(e, math.inf), e)
+
+    @staticmethod
+    def _top(energy: torch.Tensor, k: int) -> torch.Tensor:
+        """Indices of the ``k`` largest entries (ties: lower index first)."""
+        order = torch.sort(-energy, stable=True).indices
+        return order[:k]
+
+    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+        """This rank's top-``k`` blocks by norm as a float64 0/1 indicator (max-reduced)."""
+        e = self._energies(y)
+        k = self._k(y.numel(), state)
+        state["k_used"] = k  # prepare reads it; every rank (and virtual rank) writes the same
+        ind = torch.zeros(e.numel(), dtype=torch.float64)
+        ind[self._top(e, k)] = 1.0
+        return {MASK_NAME: (ind, "max")}
+
+    @staticmethod
+    def _k_star(k: int, union: int, target: int, blocks: int) -> float:
+        """``k`` that would have given ``|U| = target`` under the overlap model (module doc)."""
+        if target >= blocks:
+            return float(blocks)
+        if target <= 0:
+            return 1.0
+        if union >= blocks:  # saturated: the model says nothing, shrink proportionally
+            return k * target / union
+        if union <= k or k >= blocks:  # identical selections: |U| = k
+            return float(target)
+        m = math.log1p(-union / blocks) / math.log1p(-k / blocks)
+        return blocks * -math.expm1(math.log1p(-target / blocks) / m)
+
+    def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
+                state: dict) -> SparsePlan:
+        """The selected blocks (union, trimmed to the budget by energy); updates ``state["k"]``.
+
+        Args:
+            stats: Global statistics: float64 ``stats["sumsq"]`` and the union indicator
+                ``stats["sparse.mask"]`` (every block is a candidate when it is absent).
+            length: Vector length.
+            world_size: Number of ranks.
+            state: Per-tensor state: reads ``k_used``, writes ``k``.
+        """
+        blocks = -(-length // BLOCK)
+        target = self.target_blocks(length)
+        energy = stats["sumsq"].double().cpu()
+        energy = torch.where(torch.isnan(energy), torch.full_like(energy, math.inf), energy)
+        if energy.numel() != blocks:
+            raise ValueError(f"sumsq has {energy.numel()} blocks, the vector needs {blocks}")
+        mask = stats.get(MASK_NAME)
+        union = torch.ones(blocks, dtype=torch.bool) if mask is None else mask.cpu() > 0
+        count = int(union.sum())
+        selected = union.clone()
+        if count > target:
+            cand = torch.nonzero(union).flatten()
+            keep = cand[self._top(energy[cand], target)]
+            selected = torch.zeros(blocks, dtype=torch.bool)
+            selected[keep] = True
+        k = int(state.get("k_used", self._k(length, state)))
+        k_star = min(float(blocks), max(1.0, self._k_star(k, count, target, blocks)))
+        prev = float(state.get("k", k))
+        state["k"] = self.momentum * prev + (1.0 - self.momentum) * k_star
+        return SparsePlan(selected, count, k, target, length)
+
+    # ---- sizes --------------------------------------------------------------------------------
+    def _index(self, n: int, ctx: HopContext | None) -> torch.Tensor | None:
+        """Selected chunk-local indices, or ``None`` for all (outside a collective)."""
+        if ctx is None or ctx.prepared is None:
+            return None
+        plan = ctx.prepared.get(self)
+        if plan is None:
+            raise ValueError(f"{self.spec()}: the HopContext carries no prepared selection for "
+                             "this codec (run it inside a pipeline: simulate / all_reduce)")
+        if ctx.index_offset % BLOCK:
+            raise ValueError(f"chunk offset {ctx.index_offset} is not a multiple of {BLOCK}")
+        idx = plan.index(ctx.index_offset, n)
+        return None if idx.numel() == n else idx
+
+    def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
+        """2 bytes per selected coordinate of the chunk."""
+        idx = self._index(n, ctx)
+        return 2 * (n if idx is None else idx.numel())
+
+    def max_wire_bytes(self, n: int) -> int:
+        """Every coordinate selected: ``2 n``."""
+        return 2 * n
+
+    # ---- hop operations -----------------------------------------------------------------------
+    def _out(self, nbytes: int, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
+        return out
+
+    @staticmethod
+    def _pick(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+        return x if idx is None else x.index_select(0, idx)
+
+    def _values(self, data: torch.Tensor, n: int, idx: torch.Tensor | None) -> torch.Tensor:
+        """The chunk's decoded float32 values ``[n]`` (zeros outside the selection)."""
+        m = n if idx is None else idx.numel()
+        if data.dtype != torch.uint8 or data.numel() != 2 * m:
+            raise ValueError(f"message must be {2 * m} uint8 bytes, got {data.numel()} "
+                             f"{data.dtype}")
+        vals = data.contiguous().view(torch.bfloat16).float()
+        if idx is None:
+            return vals
+        full = torch.zeros(n, dtype=torch.float32)
+        full.index_copy_(0, idx, vals)
+        return full
+
+    def compress(self, x, ctx, out=None):
+        """BF16 bytes (round to nearest even) of the chunk's selected coordinates."""
+        _check_chunk(x)
+        idx = self._index(x.numel(), ctx)
+        out = self._out(2 * (x.numel() if idx is None else idx.numel()), out)
+        out.view(torch.bfloat16).copy_(self._pick(x, idx))
+        return out
+
+    def decompress(self, data, out, ctx=None):
+        """Decode into the float32 ``out`` ``[n]``: the BF16 values, 0 elsewhere."""
+        _check_chunk(out, "output")
+        out.copy_(self._values(data, out.numel(), self._index(out.numel(), ctx)))
+        return out
+
+    def decompress_accumulate(self, data, acc, ctx=None):
+        """``acc += decompress(data)`` (one float32 add per coordinate)."""
+        _check_chunk(acc, "accumulator")
+        acc.add_(self._values(data, acc.numel(), self._index(acc.numel(), ctx)))
+
+    def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
+        """``compress(acc + decompress(data))``; only the selected coordinates are added unless
+        ``writeback="sum"`` asks for the whole float32 sum."""
+        if writeback not in _WRITEBACK:
+            raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        _check_chunk(acc, "accumulator")
+        n = acc.numel()
+        idx = self._index(n, ctx)
+        m = n if idx is None else idx.numel()
+        if data.dtype != torch.uint8 or data.numel() != 2 * m:
+            raise ValueError(f"message must be {2 * m} uint8 bytes, got {data.numel()} "
+                             f"{data.dtype}")
+        out = self._out(2 * m, out)
+        # the selected coordinates of acc + decompress(data), bit for bit
+        picked = self._pick(acc, idx) + data.contiguous().view(torch.bfloat16).float()
+        out.view(torch.bfloat16).copy_(picked)
+        if writeback == "sum":
+            if idx is None:
+                acc.copy_(picked)
+            else:
+                acc.add_(0.0)  # acc + 0 elsewhere (turns -0 into +0, as the full sum would)
+                acc.index_copy_(0, idx, picked)
+        elif writeback == "decoded":
+            decoded = out.view(torch.bfloat16).float()
+            if idx is None:
+                acc.copy_(decoded)
+            else:
+                acc.zero_()
+                acc.index_copy_(0, idx, decoded)
+        return out
+
+    def spec(self) -> str:
+        return format_call("sparse", self)
