@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from dynamiq.formats import NumberFormat, resolve_format
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.kernels.numba import codec
 from dynamiq.kernels.tables import FormatTables
 from dynamiq.registry import Registry
-from dynamiq.rng import make_key
+from dynamiq.rng import MAX_WORLD, make_key
 
 __all__ = [
     "QUANTIZERS",
@@ -66,6 +67,11 @@ def _threads_for(n: int):
         yield
     finally:
         numba.set_num_threads(prev)
+
+
+def _backend_for(backend: str, t: object) -> str:
+    """The backend that ``backend`` resolves to for tensor ``t`` (a non-tensor counts as CPU)."""
+    return resolve_backend(backend, t.device if isinstance(t, torch.Tensor) else "cpu")
 
 
 def _is_pow2(v: int) -> bool:
@@ -277,6 +283,8 @@ class BlockQuantizer:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, {world_size=}")
         if index_offset < 0:
             raise ValueError("index_offset must be >= 0")
+        if world_size > MAX_WORLD:
+            raise ValueError(f"world_size must be at most {MAX_WORLD}, got {world_size}")
         k0, k1 = make_key(seed, *stream, rank, _P_ELEM)
         p0, p1 = make_key(seed, *stream, _P_PERM)
         q0, q1 = make_key(seed, *stream, rank, _P_SCALE)
@@ -296,10 +304,10 @@ class BlockQuantizer:
         b = self.block_size
         return n // b, -(-n // b), np.zeros(b, np.float32)
 
-    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+    def _check_input(self, x: torch.Tensor, backend: str = "numba") -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" and backend != "triton":
             raise ValueError(f"the numba backend needs a CPU tensor, got device {x.device}")
         if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"expected a float32/float16/bfloat16 tensor, got {x.dtype}")
@@ -321,6 +329,7 @@ class BlockQuantizer:
         stream: tuple[int, ...] = (),
         index_offset: int = 0,
         out: torch.Tensor | None = None,
+        backend: str = "auto",
     ) -> Payload:
         """Quantize a vector.
 
@@ -332,13 +341,21 @@ class BlockQuantizer:
             stream: Extra stream ids (e.g. step, chunk) so that successive calls draw fresh numbers.
             index_offset: Global index of ``x[0]``, when ``x`` is a slice of a longer vector.
             out: Optional preallocated ``uint8`` tensor of ``nbytes(n)`` bytes to write into.
+            backend: ``"auto"`` (by ``x``'s device), ``"numba"`` (CPU) or ``"triton"`` (CUDA,
+                or CPU under ``TRITON_INTERPRET=1``); every backend writes the same bytes.
 
         Returns:
             A :class:`Payload` of ``nbytes(n)`` bytes. Decoding it is equivalent to
             ``sign(x) * level * group_scale`` with the level chosen by ``rounding``.
         """
-        x = self._check_input(x)
+        be = _backend_for(backend, x)
+        x = self._check_input(x, be)
         n = x.numel()
+        if be == "triton":
+            from dynamiq.kernels.triton import launch
+
+            rand = self._rand(seed, rank, world_size, stream, index_offset)
+            return Payload(self, n, launch.encode(self, x, rand, out))
         payload = self._new_payload(n, out)
         codes, scales, supers = payload.sections()
         xs = x.numpy()
@@ -354,7 +371,12 @@ class BlockQuantizer:
         return payload
 
     def decode(
-        self, payload: Payload, out: torch.Tensor | None = None, *, accumulate: bool = False
+        self,
+        payload: Payload,
+        out: torch.Tensor | None = None,
+        *,
+        accumulate: bool = False,
+        backend: str = "auto",
     ) -> torch.Tensor:
         """Decode a payload to float32.
 
@@ -362,6 +384,7 @@ class BlockQuantizer:
             payload: What :meth:`encode` returned (of this quantizer).
             out: Optional float32 tensor of ``payload.n`` elements to write (or add) into.
             accumulate: Add the decoded values to ``out`` instead of overwriting it.
+            backend: ``"auto"`` (by the payload's device), ``"numba"`` or ``"triton"``.
 
         Returns:
             float32 tensor of ``payload.n`` elements.
@@ -369,6 +392,10 @@ class BlockQuantizer:
         if payload.quantizer != self:
             raise ValueError("payload was written by a different quantizer")
         n = payload.n
+        if _backend_for(backend, payload.data) == "triton":
+            from dynamiq.kernels.triton import launch
+
+            return launch.decode(self, payload.data, n, out, accumulate=accumulate)
         if out is None:
             if accumulate:
                 raise ValueError("accumulate=True needs an out tensor")
@@ -402,6 +429,7 @@ class BlockQuantizer:
         stream: tuple[int, ...] = (),
         index_offset: int = 0,
         out: torch.Tensor | None = None,
+        backend: str = "auto",
     ) -> Payload:
         """Fused decompress–accumulate–recompress: ``encode(acc + decode(payload))``.
 
@@ -415,6 +443,7 @@ class BlockQuantizer:
                 partial sum) or ``"decoded"`` (``decode`` of the returned payload, as a sink
                 keeps so that its result equals what every other rank will decode).
             seed, rank, world_size, stream, index_offset, out: as in :meth:`encode`.
+            backend: ``"auto"`` (by ``acc``'s device), ``"numba"`` or ``"triton"``.
 
         Returns:
             The outgoing :class:`Payload`. Equivalent to
@@ -425,6 +454,14 @@ class BlockQuantizer:
             raise ValueError(f"writeback must be one of {tuple(modes)}, got {writeback!r}")
         if payload.quantizer != self:
             raise ValueError("payload was written by a different quantizer")
+        if _backend_for(backend, acc) == "triton":
+            from dynamiq.kernels.triton import launch
+
+            if not isinstance(acc, torch.Tensor) or acc.numel() != payload.n:
+                raise ValueError(f"acc must be a float32 tensor of {payload.n} elements")
+            rand = self._rand(seed, rank, world_size, stream, index_offset)
+            data = launch.recompress(self, payload.data, acc, rand, writeback, out)
+            return Payload(self, payload.n, data)
         if (
             not isinstance(acc, torch.Tensor)
             or acc.dtype != torch.float32

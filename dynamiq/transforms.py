@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.kernels.numba.hadamard import MAX_BLOCK, MIN_BLOCK, rht_forward, rht_inverse, rht_norm
 from dynamiq.registry import Registry
 from dynamiq.rng import make_key
@@ -64,12 +65,16 @@ def _check_n(n: object) -> int:
     return m
 
 
-def _check_vector(t: object, what: str) -> torch.Tensor:
+def _backend_for(backend: str, t: object) -> str:
+    return resolve_backend(backend, t.device if isinstance(t, torch.Tensor) else "cpu")
+
+
+def _check_vector(t: object, what: str, backend: str = "numba") -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.float32:
         raise TypeError(f"{what} must have dtype torch.float32, got {t.dtype}")
-    if t.device.type != "cpu":
+    if t.device.type != "cpu" and backend != "triton":
         raise ValueError(f"{what} must be on the CPU, got device {t.device}")
     if t.dim() != 1:
         raise ValueError(f"{what} must be 1-D, got shape {tuple(t.shape)}")
@@ -255,7 +260,7 @@ class RandomizedHadamard(Transform):
         """
         return make_key(self.seed, _check_step(step), RHT_STREAM)
 
-    def forward(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, step: int = 0, backend: str = "auto") -> torch.Tensor:
         """Zero-pad ``x`` to ``m = padded_length(n)`` and rotate every block.
 
         Equivalent, per block ``x_blk`` of the padded vector, to
@@ -266,9 +271,12 @@ class RandomizedHadamard(Transform):
         Args:
             x: float32, shape ``(n,)``, contiguous, on the CPU, ``n >= 1``.
             step: Training step, ``0 <= step < 2**64``; each step uses a different diagonal.
+            backend: ``"auto"`` (by ``x``'s device), ``"numba"`` (CPU) or ``"triton"`` (CUDA, or
+                CPU under ``TRITON_INTERPRET=1``); both give the same bits.
 
         Returns:
-            A new float32 tensor of shape ``(m,)``. Its 2-norm equals ``x``'s up to rounding.
+            A new float32 tensor of shape ``(m,)`` on ``x``'s device. Its 2-norm equals ``x``'s
+            up to rounding.
 
         Raises:
             TypeError: ``x`` is not a float32 tensor, or ``step`` is not an integer.
@@ -276,15 +284,23 @@ class RandomizedHadamard(Transform):
                 is out of range.
         """
         k0, k1 = self.key(step=step)
-        x = _check_vector(x, "x")
+        be = _backend_for(backend, x)
+        x = _check_vector(x, "x", be)
         n = x.numel()
-        out = torch.zeros(self.padded_length(n), dtype=torch.float32)
+        out = torch.zeros(self.padded_length(n), dtype=torch.float32, device=x.device)
         out[:n] = x
+        if be == "triton":
+            from dynamiq.kernels.triton import hadamard as th
+
+            th.rht_forward(out, out, self.block_size, k0, k1, rht_norm(self.block_size))
+            return out
         buf = out.numpy()
         rht_forward(buf, buf, self.block_size, k0, k1, rht_norm(self.block_size))
         return out
 
-    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0) -> torch.Tensor:
+    def inverse(
+        self, y: torch.Tensor, n: int, *, step: int = 0, backend: str = "auto"
+    ) -> torch.Tensor:
         """Undo :meth:`forward` and return the first ``n`` coordinates.
 
         Equivalent, per block ``y_blk``, to ``d_blk * (H_B @ y_blk) / sqrt(B)``, followed by
@@ -295,9 +311,10 @@ class RandomizedHadamard(Transform):
                 ``block_size`` and ``m >= n`` (normally ``m == padded_length(n)``).
             n: Length of the original vector, ``n >= 1``.
             step: The ``step`` passed to :meth:`forward`.
+            backend: ``"auto"`` (by ``y``'s device), ``"numba"`` or ``"triton"`` (same bits).
 
         Returns:
-            A new float32 tensor of shape ``(n,)``.
+            A new float32 tensor of shape ``(n,)`` on ``y``'s device.
 
         Raises:
             TypeError: ``y`` is not a float32 tensor, or ``n``/``step`` is not an integer.
@@ -305,7 +322,8 @@ class RandomizedHadamard(Transform):
                 of ``block_size`` or is less than ``n``, ``n < 1``, or ``step`` is out of range.
         """
         k0, k1 = self.key(step=step)
-        y = _check_vector(y, "y")
+        be = _backend_for(backend, y)
+        y = _check_vector(y, "y", be)
         n = _check_n(n)
         m = y.numel()
         if m % self.block_size:
@@ -316,7 +334,12 @@ class RandomizedHadamard(Transform):
         if m < n:
             raise ValueError(f"y has {m} elements, fewer than n={n}")
         used = self.padded_length(n)
-        out = torch.empty(used, dtype=torch.float32)
+        out = torch.empty(used, dtype=torch.float32, device=y.device)
+        if be == "triton":
+            from dynamiq.kernels.triton import hadamard as th
+
+            th.rht_inverse(y[:used], out, self.block_size, k0, k1, rht_norm(self.block_size))
+            return out if used == n else out[:n].clone()
         rht_inverse(
             y[:used].numpy(), out.numpy(), self.block_size, k0, k1, rht_norm(self.block_size)
         )

@@ -1,0 +1,14 @@
+"""Triton backend of the kernels: bit-exact twins of :mod:`dynamiq.kernels.numba`.
+
+* :mod:`~dynamiq.kernels.triton.rng` — the counter-based hash and uniforms,
+* :mod:`~dynamiq.kernels.triton.codec` — device functions of the quantization maths,
+* :mod:`~dynamiq.kernels.triton.blocks` — the encode / decode / recompress kernels,
+* :mod:`~dynamiq.kernels.triton.launch` — their host-side launchers,
+* :mod:`~dynamiq.kernels.triton.hadamard` — the blocked randomized Hadamard transform,
+* :mod:`~dynamiq.kernels.triton.stats` — per-super-group statistics.
+
+Importing this package imports :mod:`triton`; :mod:`dynamiq` itself never does (see
+:func:`dynamiq.kernels.backend.resolve_backend`). Kernels are decorated when their module is
+imported, and that is when Triton decides between compiling them and interpreting them: to run
+them on CPU tensors (tests), set ``TRITON_INTERPRET=1`` before the first import.
+"""
