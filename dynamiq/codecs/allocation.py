@@ -67,6 +67,26 @@ def _total(choice: np.ndarray, cost: np.ndarray) -> float:
     return float(cost[choice].sum())
 
 
+def _hull_steps(e: float, a: int, b: int, err: np.ndarray, cost: np.ndarray
+                ) -> list[tuple[float, int]]:
+    """The upgrades from option ``a`` to ``b`` along the lower convex hull of ``(c, e·v)``.
+
+    Returns ``[(threshold λ, next option), ...]`` in order; thresholds decrease along the hull,
+    which is what makes settling them greedily the Lagrangian allocation.
+    """
+    steps = []
+    cur = a
+    while cur != b:
+        cands = [o for o in range(len(cost)) if cost[cur] < cost[o] <= cost[b]]
+        slopes = [e * (err[cur] - err[o]) / (cost[o] - cost[cur]) for o in cands]
+        k = int(np.argmax(slopes))
+        # among equal slopes, the farthest option (so one step covers a straight hull edge)
+        best = max((o for o, sl in zip(cands, slopes) if sl == slopes[k]), key=lambda o: cost[o])
+        steps.append((slopes[k], best))
+        cur = best
+    return steps
+
+
 def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict
              ) -> np.ndarray:
     """Widths per super-group that fit ``budget`` bits and minimise the modelled error.
@@ -75,58 +95,70 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
         energy: float64 ``[m]`` per-super-group energies (identical on every rank).
         options: Candidate widths sorted by increasing cost (at least one).
         budget: Bits available for the ``m`` super-groups (model costs).
-        state: Warm-start state; ``state["log2_lambda"]`` is read and updated.
+        state: Warm-start state; ``state["log2_lambda"]`` (relative to the largest energy, so
+            it carries over between calls whatever the gradients' scale) is read and updated.
 
     Returns:
-        int64 ``[m]`` indices into ``options``. When even the cheapest option exceeds the
-        budget, every super-group gets the cheapest one (the caller reports the overrun).
+        int64 ``[m]`` indices into ``options``: the allocation at the largest threshold whose
+        upgrades all fit (ties broken by super-group index). When even the cheapest option
+        exceeds the budget, every super-group gets the cheapest one (the caller reports the
+        overrun).
     """
-    energy = np.nan_to_num(np.asarray(energy, dtype=np.float64), nan=0.0, posinf=1e300)
+    energy = np.nan_to_num(np.asarray(energy, dtype=np.float64), nan=0.0, posinf=np.inf)
     energy = np.maximum(energy, 0.0)
     m = energy.size
     cost = np.array([o.cost for o in options])
+    err = np.array([o.error for o in options])
     if m == 0:
         return np.zeros(0, dtype=np.int64)
     cheapest = np.zeros(m, dtype=np.int64)
     if _total(cheapest, cost) >= budget or len(options) == 1:
         return cheapest
-    best = np.full(m, int(np.argmin([o.error for o in options])), dtype=np.int64)
+    best = np.full(m, int(np.argmin(err)), dtype=np.int64)
     if _total(best, cost) <= budget:
         return best
+    # the allocation only depends on energy ratios: normalise so λ stays in a fixed range
+    # (an infinite energy is "more than anything else": it ranks first)
+    finite = energy[np.isfinite(energy)]
+    top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    e = np.where(np.isfinite(energy), energy / top, 2.0**100)
 
     def fits(log_lam: float) -> tuple[bool, np.ndarray]:
-        ch = lagrangian_choice(energy, options, 2.0**log_lam)
+        ch = lagrangian_choice(e, options, float(np.exp2(log_lam)))
         return _total(ch, cost) <= budget, ch
 
-    # bracket [lo, hi] with bits(lo) > budget >= bits(hi), growing from the warm start
-    start = float(state.get("log2_lambda", np.log2(max(energy.mean(), 1e-300) /
-                                                   max(cost.mean(), 1.0))))
+    lo_lim, hi_lim = -1100.0, 128.0  # λ beyond these: every choice is the cheapest / the best
+    start = float(np.clip(state.get("log2_lambda", -np.log2(max(cost.mean(), 1.0))),
+                          lo_lim, hi_lim))
     step = 0.5
     ok, ch = fits(start)
     if ok:
         hi, hi_ch, lo = start, ch, start - step
         while True:
+            lo = max(lo, lo_lim)
             ok, ch = fits(lo)
             if not ok:
                 lo_ch = ch
                 break
             hi, hi_ch = lo, ch
+            if lo <= lo_lim:
+                return hi_ch
             step *= 2
             lo -= step
-            if lo < -2000:
-                return hi_ch
     else:
         lo, lo_ch, hi = start, ch, start + step
         while True:
+            hi = min(hi, hi_lim)
             ok, ch = fits(hi)
             if ok:
                 hi_ch = ch
                 break
             lo, lo_ch = hi, ch
+            if hi >= hi_lim:
+                hi_ch = cheapest
+                break
             step *= 2
             hi += step
-            if hi > 2000:
-                return cheapest
     for _ in range(_MAX_ITERS):
         flips = int((lo_ch != hi_ch).sum())
         if flips <= _FEW or hi - lo < _TOL:
@@ -138,20 +170,23 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
         else:
             lo, lo_ch = mid, ch
     state["log2_lambda"] = hi
-    # settle the super-groups that flip inside (lo, hi]: upgrade them in decreasing order of
-    # their own threshold (error saved per extra bit) while the budget allows
+    # settle the super-groups that change inside (lo, hi]: take their hull upgrades in
+    # decreasing order of threshold while the budget allows (the first that does not fit ends
+    # it, so the result is the threshold allocation, whatever bracket the search ended on)
     result = hi_ch.copy()
     flip = np.nonzero(lo_ch != hi_ch)[0]
     if flip.size:
-        err = np.array([o.error for o in options])
-        a, b = hi_ch[flip], lo_ch[flip]
-        gain = energy[flip] * (err[a] - err[b]) / np.maximum(cost[b] - cost[a], 1e-300)
-        order = np.lexsort((flip, -gain))
+        steps = []
+        for j in flip:
+            for k, (lam, nxt) in enumerate(_hull_steps(float(e[j]), int(hi_ch[j]),
+                                                       int(lo_ch[j]), err, cost)):
+                steps.append((-lam, int(j), k, nxt))
+        steps.sort()
         left = budget - _total(result, cost)
-        for k in order:
-            extra = cost[b[k]] - cost[a[k]]
+        for _, j, _, nxt in steps:
+            extra = cost[nxt] - cost[result[j]]
             if extra > left:
                 break
-            result[flip[k]] = b[k]
+            result[j] = nxt
             left -= extra
     return result
