@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.registry import Registry
 from dynamiq.spec import build
 
@@ -39,6 +40,7 @@ __all__ = [
     "HopContext",
     "PartialSumCodec",
     "get_codec",
+    "hop_backend",
 ]
 
 CODECS: Registry[type] = Registry("partial-sum codec")
@@ -57,6 +59,9 @@ class HopContext:
             vector), for components that declare ``statistics``.
         prepared: Per-call decisions of the codecs (codec → value of
             :meth:`PartialSumCodec.prepare`), identical on every rank.
+        backend: Kernel backend of the hop operations: ``"auto"`` (Triton for CUDA tensors,
+            Numba for CPU tensors), ``"numba"`` or ``"triton"`` (see
+            :func:`dynamiq.kernels.backend.resolve_backend`); every backend gives the same bits.
     """
 
     seed: int = 0
@@ -66,6 +71,7 @@ class HopContext:
     index_offset: int = 0
     stats: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, hash=False)
     prepared: Mapping[Any, Any] | None = field(default=None, compare=False, hash=False)
+    backend: str = field(default="auto", compare=False, hash=False)
 
 
 _WRITEBACK = ("none", "sum", "decoded")
@@ -166,6 +172,27 @@ class PartialSumCodec:
 
     def __str__(self) -> str:
         return self.spec()
+
+
+def hop_backend(ctx: HopContext | None, t: torch.Tensor) -> str:
+    """The concrete backend (``"numba"`` or ``"triton"``) of a hop on tensor ``t``.
+
+    Args:
+        ctx: The hop's context (``None``: ``"auto"``).
+        t: A tensor the hop reads or writes (its device decides ``"auto"``).
+
+    Raises:
+        ValueError, ImportError: as :func:`~dynamiq.kernels.backend.resolve_backend`.
+    """
+    return resolve_backend("auto" if ctx is None else ctx.backend, t.device)
+
+
+def _triton_launchers() -> Any:
+    """:mod:`dynamiq.kernels.triton.launch_baselines`, imported on first use (it imports
+    triton, which ``import dynamiq`` never does)."""
+    from dynamiq.kernels.triton import launch_baselines
+
+    return launch_baselines
 
 
 def _check_chunk(x: torch.Tensor, what: str = "chunk") -> None:

@@ -49,7 +49,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.codecs.base import (
+    _WRITEBACK,
+    CODECS,
+    HopContext,
+    PartialSumCodec,
+    _check_chunk,
+    _triton_launchers,
+    hop_backend,
+)
 from dynamiq.kernels.numba import baselines as kern
 from dynamiq.rng import make_key
 from dynamiq.spec import format_call
@@ -216,9 +224,10 @@ class IntSum(PartialSumCodec):
         return -(-n * self._max_bits // 8)
 
     # ---- hop operations -----------------------------------------------------------------------
-    def _out(self, nbytes: int, out: torch.Tensor | None) -> torch.Tensor:
+    def _out(self, nbytes: int, out: torch.Tensor | None,
+             device: torch.device | None = None) -> torch.Tensor:
         if out is None:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
         if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
         return out
@@ -238,8 +247,11 @@ class IntSum(PartialSumCodec):
         _check_chunk(x)
         plan = self._plan(ctx)
         n = x.numel()
-        out = self._out(-(-n * plan.bits // 8), out)
+        out = self._out(-(-n * plan.bits // 8), out, x.device)
         k0, k1 = self._key(ctx)
+        if hop_backend(ctx, x) == "triton":
+            return _triton_launchers().intsum_encode(x, plan.step, plan.bits, (k0, k1),
+                                                     ctx.index_offset, out)
         kern.intsum_encode(x.numpy(), np.float32(plan.step), plan.bits, k0, k1,
                            ctx.index_offset, out.numpy())
         return out
@@ -248,6 +260,10 @@ class IntSum(PartialSumCodec):
                 mode: int) -> None:
         _check_chunk(out, "output")
         plan = self._plan(ctx)
+        if hop_backend(ctx, out) == "triton":
+            _triton_launchers().intsum_decode(data, plan.step, plan.bits, out,
+                                              accumulate=mode == 1)
+            return
         raw = self._check_data(data, -(-out.numel() * plan.bits // 8))
         kern.intsum_decode(raw, np.float32(plan.step), plan.bits, out.numpy(), mode)
 
@@ -267,8 +283,12 @@ class IntSum(PartialSumCodec):
         _check_chunk(acc, "accumulator")
         plan = self._plan(ctx)
         nbytes = -(-acc.numel() * plan.bits // 8)
-        out = self._out(nbytes, out)
+        out = self._out(nbytes, out, acc.device)
         k0, k1 = self._key(ctx)
+        if hop_backend(ctx, acc) == "triton":
+            return _triton_launchers().intsum_recompress(data, acc, plan.step, plan.bits,
+                                                         (k0, k1), ctx.index_offset, out,
+                                                         writeback)
         kern.intsum_recompress(self._check_data(data, nbytes), acc.numpy(),
                                np.float32(plan.step), plan.bits, k0, k1, ctx.index_offset,
                                out.numpy(), _WRITEBACK.index(writeback))

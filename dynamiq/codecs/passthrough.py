@@ -6,7 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.codecs.base import (
+    _WRITEBACK,
+    CODECS,
+    HopContext,
+    PartialSumCodec,
+    _check_chunk,
+    _triton_launchers,
+    hop_backend,
+)
 from dynamiq.spec import format_call
 
 __all__ = ["Passthrough"]
@@ -50,18 +58,27 @@ class Passthrough(PartialSumCodec):
 
     def compress(self, x, ctx, out=None):
         _check_chunk(x)
+        if hop_backend(ctx, x) == "triton":
+            return _triton_launchers().wire_encode(x, self.wire, out)
         return self._as_bytes(x, out)
 
     def decompress(self, data, out, ctx=None):
+        if hop_backend(ctx, out) == "triton":
+            return _triton_launchers().wire_decode(data, self.wire, out)
         out.copy_(data.view(self._dtype))
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
+        if hop_backend(ctx, acc) == "triton":
+            _triton_launchers().wire_decode(data, self.wire, acc, accumulate=True)
+            return
         acc.add_(data.view(self._dtype).float() if self.wire == "bf16" else data.view(self._dtype))
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         if writeback not in _WRITEBACK:
             raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        if hop_backend(ctx, acc) == "triton":
+            return _triton_launchers().wire_recompress(data, acc, self.wire, out, writeback)
         if out is None:
             out = torch.empty(self.wire_bytes(acc.numel()), dtype=torch.uint8)
         incoming = data.view(self._dtype)

@@ -44,18 +44,23 @@ class Requant(PartialSumCodec):
 
     def _kw(self, ctx: HopContext) -> dict:
         return {"seed": self.seed, "rank": ctx.rank, "world_size": ctx.world_size,
-                "stream": ctx.stream, "index_offset": ctx.index_offset}
+                "stream": ctx.stream, "index_offset": ctx.index_offset, "backend": ctx.backend}
+
+    @staticmethod
+    def _backend(ctx: HopContext | None) -> str:
+        return "auto" if ctx is None else ctx.backend
 
     def compress(self, x, ctx, out=None):
         _check_chunk(x)
         return self.quantizer.encode(x, out=out, **self._kw(ctx)).data
 
     def decompress(self, data, out, ctx=None):
-        return self.quantizer.decode(Payload(self.quantizer, out.numel(), data), out=out)
+        return self.quantizer.decode(Payload(self.quantizer, out.numel(), data), out=out,
+                                     backend=self._backend(ctx))
 
     def decompress_accumulate(self, data, acc, ctx=None):
         self.quantizer.decode(Payload(self.quantizer, acc.numel(), data), out=acc,
-                              accumulate=True)
+                              accumulate=True, backend=self._backend(ctx))
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         p = Payload(self.quantizer, acc.numel(), data)

@@ -44,7 +44,15 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.codecs.base import (
+    _WRITEBACK,
+    CODECS,
+    HopContext,
+    PartialSumCodec,
+    _check_chunk,
+    _triton_launchers,
+    hop_backend,
+)
 from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
 from dynamiq.kernels.numba import baselines as kern
 from dynamiq.kernels.tables import FormatTables
@@ -281,10 +289,38 @@ class SharedScale(PartialSumCodec):
                              f"coordinates, got {data.numel()} {data.dtype}")
         return data.contiguous().numpy()
 
+    def _triton_args(self, n: int, ctx: HopContext | None, device: torch.device) -> tuple:
+        """``(scales, tables)`` of the chunk on ``device`` for the Triton kernels."""
+        lb = _triton_launchers()
+        (tab, nfin, lut, lshift, lkey0), _, nan_code, dec = self._tables
+        tables = lb.device_tables(self, (tab, lut, dec),
+                                  (nfin, lshift, lkey0, lut.size, nan_code), device)
+        return self._device_scales(n, ctx, device), tables
+
+    def _device_scales(self, n: int, ctx: HopContext | None, device: torch.device
+                       ) -> torch.Tensor:
+        """:meth:`_block_scales` as a float32 tensor on ``device`` (the plan's scales are copied
+        to a device once per call, not once per hop)."""
+        nb = -(-n // self.block)
+        self._block_scales(n, ctx)  # the checks
+        if ctx is None or ctx.prepared is None:
+            return torch.ones(nb, dtype=torch.float32, device=device)
+        plan = ctx.prepared[self]
+        cache = plan.__dict__.setdefault("_device_scales", {})  # a frozen dataclass's own dict
+        full = cache.get(str(device))
+        if full is None:
+            full = cache[str(device)] = plan.scales.to(device=device, dtype=torch.float32)
+        j = ctx.index_offset // self.block
+        return full[j: j + nb]
+
     def compress(self, x, ctx, out=None):
         """Packed codes (uint8 ``[ceil(n*bits/8)]``) of the float32 chunk ``x`` ``[n]``."""
         _check_chunk(x)
         n = x.numel()
+        if hop_backend(ctx, x) == "triton":
+            scales, tables = self._triton_args(n, ctx, x.device)
+            return _triton_launchers().shared_encode(x, scales, self.block, self._tables[1],
+                                                     tables, out)
         out = self._out(n, out)
         search, mb, nan_code, _ = self._tables
         kern.shared_encode(x.numpy(), self._block_scales(n, ctx), self.block, *search, mb,
@@ -295,6 +331,11 @@ class SharedScale(PartialSumCodec):
                 mode: int) -> None:
         _check_chunk(out, "output")
         n = out.numel()
+        if hop_backend(ctx, out) == "triton":
+            scales, tables = self._triton_args(n, ctx, out.device)
+            _triton_launchers().shared_decode(data, scales, self.block, self._tables[1], tables,
+                                              out, accumulate=mode == 1)
+            return
         dec = self._tables[3]
         kern.shared_decode(self._check_data(data, n), self._block_scales(n, ctx), self.block,
                            dec, self.bits, out.numpy(), mode)
@@ -314,6 +355,10 @@ class SharedScale(PartialSumCodec):
             raise ValueError(f"writeback must be one of {_WRITEBACK}")
         _check_chunk(acc, "accumulator")
         n = acc.numel()
+        if hop_backend(ctx, acc) == "triton":
+            scales, tables = self._triton_args(n, ctx, acc.device)
+            return _triton_launchers().shared_recompress(data, acc, scales, self.block,
+                                                         self._tables[1], tables, out, writeback)
         out = self._out(n, out)
         search, mb, nan_code, dec = self._tables
         kern.shared_recompress(self._check_data(data, n), acc.numpy(),

@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.codecs.base import (
+    _WRITEBACK,
+    CODECS,
+    HopContext,
+    PartialSumCodec,
+    _check_chunk,
+    _triton_launchers,
+    hop_backend,
+)
 from dynamiq.spec import format_call
 
 __all__ = ["Sparse", "SparsePlan"]
@@ -238,6 +246,21 @@ class Sparse(PartialSumCodec):
         idx = plan.index(ctx.index_offset, n)
         return None if idx.numel() == n else idx
 
+    def _selection(self, n: int, ctx: HopContext | None, device: torch.device
+                   ) -> tuple[torch.Tensor, int] | None:
+        """The Triton wire kernels' selection of the chunk (``None``: every coordinate),
+        built once per chunk and device."""
+        if self._index(n, ctx) is None:
+            return None
+        plan = ctx.prepared[self]  # type: ignore[union-attr]
+        key = ("triton", ctx.index_offset, n, str(device))  # type: ignore[union-attr]
+        sel = plan._index.get(key)
+        if sel is None:
+            j0 = ctx.index_offset // BLOCK  # type: ignore[union-attr]
+            blocks = plan.selected[j0:j0 + -(-n // BLOCK)]
+            sel = plan._index[key] = _triton_launchers().block_positions(blocks, n, BLOCK, device)
+        return sel
+
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
         """2 bytes per selected coordinate of the chunk."""
         idx = self._index(n, ctx)
@@ -275,6 +298,10 @@ class Sparse(PartialSumCodec):
     def compress(self, x, ctx, out=None):
         """BF16 bytes (round to nearest even) of the chunk's selected coordinates."""
         _check_chunk(x)
+        if hop_backend(ctx, x) == "triton":
+            return _triton_launchers().wire_encode(x, "bf16", out,
+                                                   self._selection(x.numel(), ctx, x.device),
+                                                   BLOCK)
         idx = self._index(x.numel(), ctx)
         out = self._out(2 * (x.numel() if idx is None else idx.numel()), out)
         out.view(torch.bfloat16).copy_(self._pick(x, idx))
@@ -283,12 +310,20 @@ class Sparse(PartialSumCodec):
     def decompress(self, data, out, ctx=None):
         """Decode into the float32 ``out`` ``[n]``: the BF16 values, 0 elsewhere."""
         _check_chunk(out, "output")
+        if hop_backend(ctx, out) == "triton":
+            return _triton_launchers().wire_decode(data, "bf16", out, False,
+                                                   self._selection(out.numel(), ctx, out.device),
+                                                   BLOCK)
         out.copy_(self._values(data, out.numel(), self._index(out.numel(), ctx)))
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 add per coordinate)."""
         _check_chunk(acc, "accumulator")
+        if hop_backend(ctx, acc) == "triton":
+            _triton_launchers().wire_decode(data, "bf16", acc, True,
+                                            self._selection(acc.numel(), ctx, acc.device), BLOCK)
+            return
         acc.add_(self._values(data, acc.numel(), self._index(acc.numel(), ctx)))
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
@@ -298,6 +333,9 @@ class Sparse(PartialSumCodec):
             raise ValueError(f"writeback must be one of {_WRITEBACK}")
         _check_chunk(acc, "accumulator")
         n = acc.numel()
+        if hop_backend(ctx, acc) == "triton":
+            return _triton_launchers().wire_recompress(data, acc, "bf16", out, writeback,
+                                                       self._selection(n, ctx, acc.device), BLOCK)
         idx = self._index(n, ctx)
         m = n if idx is None else idx.numel()
         if data.dtype != torch.uint8 or data.numel() != 2 * m:

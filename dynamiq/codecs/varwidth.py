@@ -24,7 +24,15 @@ import numpy as np
 import torch
 
 from dynamiq.codecs.allocation import WidthOption, allocate
-from dynamiq.codecs.base import _WRITEBACK, CODECS, HopContext, PartialSumCodec, _check_chunk
+from dynamiq.codecs.base import (
+    _WRITEBACK,
+    CODECS,
+    HopContext,
+    PartialSumCodec,
+    _check_chunk,
+    _triton_launchers,
+    hop_backend,
+)
 from dynamiq.collectives.metadata import SUPER_GROUP, metadata_bits
 from dynamiq.formats import EpsilonFormat
 from dynamiq.quantizers import BlockQuantizer, Payload
@@ -42,7 +50,6 @@ _SCALES = ("hier", "flat")
 _ROUNDINGS = ("correlated", "stochastic")
 _ALLOCATORS = ("measured", "paper")
 _ALLOWED = (2, 3, 4, 5, 6, 7, 8, 16)
-_GROUP = 16
 
 
 def _parse_list(name: str, raw: object, kind: type) -> tuple:
@@ -71,14 +78,25 @@ class _Bf16Segment:
     def nbytes(n: int) -> int:
         return 2 * n
 
-    def encode(self, x: torch.Tensor, out: torch.Tensor, **_: object) -> None:
+    def encode(self, x: torch.Tensor, out: torch.Tensor, backend: str = "numba",
+               **_: object) -> None:
+        if backend == "triton":
+            _triton_launchers().wire_encode(x, "bf16", out)
+            return
         out.view(torch.bfloat16).copy_(x)
 
-    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
+    def decode(self, data: torch.Tensor, out: torch.Tensor, backend: str = "numba") -> None:
+        if backend == "triton":
+            _triton_launchers().wire_decode(data, "bf16", out)
+            return
         out.copy_(data.view(torch.bfloat16))
 
     def recompress(self, data: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
-                   writeback: str, **_: object) -> None:
+                   writeback: str, backend: str = "numba", **_: object) -> None:
+        if backend == "triton":  # acc ends as the sum unless the decoded value is asked for
+            _triton_launchers().wire_recompress(data, acc, "bf16", out,
+                                                "decoded" if writeback == "decoded" else "sum")
+            return
         acc.add_(data.view(torch.bfloat16).float())
         out.view(torch.bfloat16).copy_(acc)
         if writeback == "decoded":
@@ -98,8 +116,8 @@ class _QuantSegment:
     def encode(self, x: torch.Tensor, out: torch.Tensor, **rand: object) -> None:
         self.q.encode(x, out=out, **rand)
 
-    def decode(self, data: torch.Tensor, out: torch.Tensor) -> None:
-        self.q.decode(Payload(self.q, out.numel(), data), out=out)
+    def decode(self, data: torch.Tensor, out: torch.Tensor, backend: str = "numba") -> None:
+        self.q.decode(Payload(self.q, out.numel(), data), out=out, backend=backend)
 
     def recompress(self, data: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
                    writeback: str, **rand: object) -> None:
@@ -135,6 +153,14 @@ class WidthPlan:
     budget_bits: float
     used_bits: float
     _layouts: dict = field(default_factory=dict, repr=False)
+    position: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # each super-group's place in the whole vector's stable order by width: the random
+        # numbers of a coordinate are keyed by it, so any cut into chunks or tiles draws the same
+        order = np.argsort(self.choice, kind="stable")
+        self.position = np.empty_like(order)
+        self.position[order] = np.arange(order.size)
 
     def histogram(self) -> dict[int, float]:
         """Fraction of super-groups at each width."""
@@ -145,7 +171,8 @@ class WidthPlan:
 @dataclass(frozen=True)
 class _ChunkLayout:
     order: torch.Tensor  # int64 [sgs], chunk-local super-group indices sorted by width
-    segments: tuple[tuple[int, int, int, int, int], ...]  # (option, sg0, coord count, b0, b1)
+    # (option, sg0, coord count, b0, b1, random-number index of the segment's first coordinate)
+    segments: tuple[tuple[int, int, int, int, int, int], ...]
     nbytes: int
     sgs: int
 
@@ -171,6 +198,7 @@ class DynamiQ(PartialSumCodec):
         allocator: ``"measured"`` (error model from the codec's own measured error per width)
             or ``"paper"`` (``4^−w``, the paper's thresholds).
         seed: Seed of the rounding random numbers (shared by all ranks).
+        group_size: Coordinates per group scale (a power of two from 4 to 256).
     """
 
     bits: float = 5.0
@@ -181,6 +209,7 @@ class DynamiQ(PartialSumCodec):
     rounding: str = "correlated"
     allocator: str = "measured"
     seed: int = 0
+    group_size: int = 16
 
     block_size = SUPER_GROUP
 
@@ -214,6 +243,9 @@ class DynamiQ(PartialSumCodec):
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+        g = self.group_size
+        if not isinstance(g, int) or g < 4 or g > SUPER_GROUP or g & (g - 1):
+            raise ValueError(f"group_size must be a power of two in [4, {SUPER_GROUP}], got {g!r}")
         cheapest = min(self._options_full, key=lambda o: o.cost)
         floor = (cheapest.cost * 1024 + self._meta_bits(1024 * SUPER_GROUP)) / (
             1024 * SUPER_GROUP)
@@ -236,7 +268,7 @@ class DynamiQ(PartialSumCodec):
 
     @property
     def statistics(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("sum", "sumsq") if self.variable else ()
+        return ("csumsq", "sum") if self.variable else ()
 
     @property
     def variable_size(self) -> bool:  # type: ignore[override]
@@ -259,12 +291,12 @@ class DynamiQ(PartialSumCodec):
                 continue
             fmt = EpsilonFormat(w, self._eps_for(i, w))
             if self.scales == "hier":
-                q = BlockQuantizer(fmt, group_size=_GROUP, scale="u8rel", rounding=self.rounding,
-                                   scale_rounding="stochastic", super_group_size=SUPER_GROUP,
-                                   super_scale="bf16")
+                q = BlockQuantizer(fmt, group_size=self.group_size, scale="u8rel",
+                                   rounding=self.rounding, scale_rounding="stochastic",
+                                   super_group_size=SUPER_GROUP, super_scale="bf16")
             else:
-                q = BlockQuantizer(fmt, group_size=_GROUP, scale="bf16", rounding=self.rounding,
-                                   scale_rounding="up")
+                q = BlockQuantizer(fmt, group_size=self.group_size, scale="bf16",
+                                   rounding=self.rounding, scale_rounding="up")
             out.append(q)
         return tuple(out)
 
@@ -298,9 +330,15 @@ class DynamiQ(PartialSumCodec):
             choice = np.zeros(m, dtype=np.int64)
             return WidthPlan(choice, self.width_list, self.bits * length,
                              float(opts[0].cost * m))
-        energy = stats["sumsq"].numpy()
-        if energy.size != m:
-            raise ValueError(f"sumsq has {energy.size} super-groups, the vector needs {m}")
+        # energy of the coded values: each rank's spread about its own mean plus, unless a
+        # centering transform zeroed the sums, the squared mean the partial sums carry (exact
+        # when the ranks' means agree); no difference of large numbers, so no cancellation
+        s_ = stats["sum"].numpy()
+        if s_.size != m:
+            raise ValueError(f"statistics have {s_.size} super-groups, the vector needs {m}")
+        counts_ = np.full(m, float(SUPER_GROUP))
+        counts_[-1] = length - (m - 1) * SUPER_GROUP
+        energy = stats["csumsq"].numpy() + s_ * s_ / (world_size * counts_)
         budget = self.bits * length - self._meta_bits(length)
         choice = allocate(energy, opts, budget, state)
         counts = np.bincount(choice, minlength=len(opts))
@@ -316,34 +354,40 @@ class DynamiQ(PartialSumCodec):
         return ctx.prepared[self]
 
     def _layout(self, n: int, ctx: HopContext | None) -> _ChunkLayout:
-        if not self.variable and (ctx is None or ctx.prepared is None):
-            key = (0, n)
-            sgs = -(-n // SUPER_GROUP)
+        sgs = -(-n // SUPER_GROUP)
+        off = 0 if ctx is None else ctx.index_offset
+        if not self.variable and (ctx is None or ctx.prepared is None
+                                  or self not in ctx.prepared):
+            key = (off, n)
             choice = np.zeros(sgs, dtype=np.int64)
+            position = np.arange(sgs, dtype=np.int64) + off // SUPER_GROUP
             cache: dict = {}
         else:
             wp = self._plan(ctx)
-            off = ctx.index_offset  # type: ignore[union-attr]
             if off % SUPER_GROUP:
                 raise ValueError(f"chunk offset {off} is not a multiple of {SUPER_GROUP}")
             key = (off, n)
             cache = wp._layouts
             if key in cache:
                 return cache[key]
-            sgs = -(-n // SUPER_GROUP)
-            choice = wp.choice[off // SUPER_GROUP: off // SUPER_GROUP + sgs]
+            j0 = off // SUPER_GROUP
+            choice = wp.choice[j0: j0 + sgs]
+            position = wp.position[j0: j0 + sgs]
         order = np.argsort(choice, kind="stable")
         counts = np.bincount(choice, minlength=len(self.width_list))
         pad = sgs * SUPER_GROUP - n
+        tail_option = int(choice[-1]) if sgs else -1
         segs, sg0, b0 = [], 0, 0
         for i, k in enumerate(counts):
             if not k:
                 continue
             coords = int(k) * SUPER_GROUP
-            if sg0 + k == sgs:
-                coords -= pad  # the chunk's last super-group (partial) closes the last segment
+            if i == tail_option:
+                # the partial last super-group is the last of its width (stable order)
+                coords -= pad
             nb = self._segments[i].nbytes(coords)
-            segs.append((i, sg0, coords, b0, b0 + nb))
+            first = int(position[order[sg0]]) * SUPER_GROUP
+            segs.append((i, sg0, coords, b0, b0 + nb, first))
             sg0 += int(k)
             b0 += nb
         lay = _ChunkLayout(torch.from_numpy(order), tuple(segs), b0, sgs)
@@ -358,13 +402,25 @@ class DynamiQ(PartialSumCodec):
         return max(seg.nbytes(n) for seg in self._segments)
 
     # ---- hop operations ------------------------------------------------------------------
-    def _rand(self, ctx: HopContext, sg0: int) -> dict:
+    def _rand(self, ctx: HopContext, first: int) -> dict:
         return {"seed": self.seed, "rank": ctx.rank, "world_size": ctx.world_size,
-                "stream": ctx.stream, "index_offset": ctx.index_offset + sg0 * SUPER_GROUP}
+                "stream": ctx.stream, "index_offset": first}
 
     @staticmethod
-    def _gather(x: torch.Tensor, lay: _ChunkLayout) -> torch.Tensor:
+    def _device_order(lay: _ChunkLayout, device: torch.device) -> torch.Tensor:
+        """The layout's super-group order on ``device`` (copied once per layout and device)."""
+        cache = lay.__dict__.setdefault("_device_order", {})  # a frozen dataclass's own dict
+        order = cache.get(str(device))
+        if order is None:
+            order = cache[str(device)] = lay.order.to(device)
+        return order
+
+    @staticmethod
+    def _gather(x: torch.Tensor, lay: _ChunkLayout, backend: str = "numba") -> torch.Tensor:
         """Chunk values reordered by width: float32 ``[sgs * 256]`` (zero padded)."""
+        if backend == "triton":
+            return _triton_launchers().gather_rows(x, DynamiQ._device_order(lay, x.device),
+                                                   SUPER_GROUP)
         full = lay.sgs * SUPER_GROUP
         if x.numel() == full:
             return x.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
@@ -373,8 +429,13 @@ class DynamiQ(PartialSumCodec):
         return pad.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
 
     @staticmethod
-    def _scatter(src: torch.Tensor, out: torch.Tensor, lay: _ChunkLayout, add: bool) -> None:
+    def _scatter(src: torch.Tensor, out: torch.Tensor, lay: _ChunkLayout, add: bool,
+                 backend: str = "numba") -> None:
         """``out (+)= src`` with the reorder undone (``src`` as :meth:`_gather` returns)."""
+        if backend == "triton":
+            _triton_launchers().scatter_rows(src, DynamiQ._device_order(lay, out.device), out,
+                                             add, SUPER_GROUP)
+            return
         rows = src.view(lay.sgs, SUPER_GROUP)
         n = out.numel()
         if n == lay.sgs * SUPER_GROUP:
@@ -391,9 +452,10 @@ class DynamiQ(PartialSumCodec):
         else:
             out.copy_(full[:n])
 
-    def _out(self, lay: _ChunkLayout, out: torch.Tensor | None) -> torch.Tensor:
+    def _out(self, lay: _ChunkLayout, out: torch.Tensor | None,
+             device: torch.device | None = None) -> torch.Tensor:
         if out is None:
-            return torch.empty(lay.nbytes, dtype=torch.uint8)
+            return torch.empty(lay.nbytes, dtype=torch.uint8, device=device)
         if out.dtype != torch.uint8 or out.numel() != lay.nbytes:
             raise ValueError(f"out must be a uint8 tensor of {lay.nbytes} bytes")
         return out
@@ -402,32 +464,37 @@ class DynamiQ(PartialSumCodec):
         """The message for chunk ``x`` (float32 ``[n]``) at the position ``ctx`` gives."""
         _check_chunk(x)
         lay = self._layout(x.numel(), ctx)
-        out = self._out(lay, out)
-        g = self._gather(x, lay)
-        for i, sg0, coords, b0, b1 in lay.segments:
+        be = hop_backend(ctx, x)
+        out = self._out(lay, out, x.device)
+        g = self._gather(x, lay, be)
+        for i, sg0, coords, b0, b1, first in lay.segments:
             s = sg0 * SUPER_GROUP
-            self._segments[i].encode(g[s:s + coords], out[b0:b1], **self._rand(ctx, sg0))
+            self._segments[i].encode(g[s:s + coords], out[b0:b1], backend=be,
+                                     **self._rand(ctx, first))
         return out
 
-    def _decode_gathered(self, data: torch.Tensor, lay: _ChunkLayout) -> torch.Tensor:
+    def _decode_gathered(self, data: torch.Tensor, lay: _ChunkLayout,
+                         backend: str = "numba") -> torch.Tensor:
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
-        g = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32)
-        for i, sg0, coords, b0, b1 in lay.segments:
+        g = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32, device=data.device)
+        for i, sg0, coords, b0, b1, _ in lay.segments:
             s = sg0 * SUPER_GROUP
-            self._segments[i].decode(data[b0:b1], g[s:s + coords])
+            self._segments[i].decode(data[b0:b1], g[s:s + coords], backend=backend)
         return g
 
     def decompress(self, data, out, ctx=None):
         """Decode into ``out`` (float32 ``[n]``)."""
         lay = self._layout(out.numel(), ctx)
-        self._scatter(self._decode_gathered(data, lay), out, lay, add=False)
+        be = hop_backend(ctx, out)
+        self._scatter(self._decode_gathered(data, lay, be), out, lay, add=False, backend=be)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 addition per coordinate)."""
         lay = self._layout(acc.numel(), ctx)
-        self._scatter(self._decode_gathered(data, lay), acc, lay, add=True)
+        be = hop_backend(ctx, acc)
+        self._scatter(self._decode_gathered(data, lay, be), acc, lay, add=True, backend=be)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` with fresh scales, widths unchanged."""
@@ -437,14 +504,15 @@ class DynamiQ(PartialSumCodec):
         lay = self._layout(acc.numel(), ctx)
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
-        out = self._out(lay, out)
-        g = self._gather(acc, lay)
-        for i, sg0, coords, b0, b1 in lay.segments:
+        be = hop_backend(ctx, acc)
+        out = self._out(lay, out, acc.device)
+        g = self._gather(acc, lay, be)
+        for i, sg0, coords, b0, b1, first in lay.segments:
             s = sg0 * SUPER_GROUP
             self._segments[i].recompress(data[b0:b1], g[s:s + coords], out[b0:b1], writeback,
-                                         **self._rand(ctx, sg0))
+                                         backend=be, **self._rand(ctx, first))
         if writeback != "none":
-            self._scatter(g, acc, lay, add=False)
+            self._scatter(g, acc, lay, add=False, backend=be)
         return out
 
     def spec(self) -> str:

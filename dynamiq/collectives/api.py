@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dynamiq.collectives import p2p
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
 __all__ = ["AllReduceWork", "all_reduce", "reset_call_counters"]
@@ -113,6 +114,7 @@ def all_reduce(
     op="sum",
     async_op: bool = False,
     timeout: float | datetime.timedelta = 300.0,
+    backend: str = "auto",
 ) -> AllReduceWork | None:
     """All-reduce ``tensor`` in place across ``group`` with a compressed multi-hop pipeline.
 
@@ -123,8 +125,9 @@ def all_reduce(
     ends with bit-identical values.
 
     Args:
-        tensor: Any shape; float32, bfloat16 or float16; on the CPU (the only backend available
-            is the Numba one); at least one element. Contiguity is not required. It is
+        tensor: Any shape; float32, bfloat16 or float16; on the CPU (gloo; Numba kernels) or a
+            CUDA device (NCCL; Triton kernels); at least one element. Contiguity is not
+            required. It is
             flattened and widened to a float32 copy, reduced, and the result is cast back to
             the tensor's dtype and written into it. If the call raises, ``tensor`` is untouched.
         pipeline: Pipeline, registered name (e.g. ``"requant-dq4"``) or spec string; the same
@@ -139,15 +142,19 @@ def all_reduce(
             once ``wait()`` returns.
         timeout: Seconds (or a ``timedelta``) to wait for any one peer before raising
             ``TimeoutError``.
+        backend: Kernel backend: ``"auto"`` (Triton for CUDA tensors, Numba for CPU tensors),
+            ``"numba"`` or ``"triton"`` (on CPU tensors only under ``TRITON_INTERPRET=1``, for
+            tests). Every backend gives the same bits, so ranks need not agree on it.
 
     Returns:
         ``None``, or an :class:`AllReduceWork` when ``async_op``.
 
     Raises:
         TypeError: not a tensor, or not floating point of a supported dtype.
-        ValueError: empty tensor, non-CPU tensor, unknown op, a pipeline whose topology does
-            not fit the group size, or an unknown pipeline name (the message lists the
-            registered ones).
+        ValueError: empty tensor, unknown op or backend, a backend that cannot run on the
+            tensor's device, a pipeline whose topology does not fit the group size, or an
+            unknown pipeline name (the message lists the registered ones).
+        ImportError: the Triton backend is needed but triton is not installed.
         RuntimeError: ``torch.distributed`` not initialized; ranks disagree on pipeline, size,
             dtype, op or call count (raised on every rank); a peer failed.
         TimeoutError: a peer did not take part within ``timeout`` (names the step and peer).
@@ -157,11 +164,11 @@ def all_reduce(
     if tensor.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"dynamiq.all_reduce supports float32, bfloat16 and float16 tensors, "
                         f"got {tensor.dtype}")
-    if tensor.device.type != "cpu":
-        raise ValueError(
-            f"dynamiq.all_reduce: only the Numba (CPU) backend is available, so the tensor must "
-            f"be on the CPU; got a tensor on {tensor.device}"
-        )
+    try:
+        resolve_backend(backend, tensor.device)
+    except ValueError as e:
+        raise ValueError(f"dynamiq.all_reduce: {e} (the Numba kernels run on CPU tensors, "
+                         "the Triton kernels on CUDA tensors)") from None
     if tensor.numel() == 0:
         raise ValueError("dynamiq.all_reduce: cannot all-reduce an empty tensor")
     p = get_pipeline(pipeline)
@@ -190,7 +197,7 @@ def all_reduce(
     def job() -> None:
         try:
             y = p2p.run_p2p(flat, p, group=group, call=call, timeout=float(timeout),
-                            dtype=tensor.dtype, op=mode, consume=True)
+                            dtype=tensor.dtype, op=mode, consume=True, backend=backend)
             with torch.no_grad():
                 if mode == "avg":
                     y = y.div_(dist.get_world_size(group))

@@ -18,6 +18,7 @@ floating-point summation order on every executor.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,12 +67,15 @@ class Plan:
         world_size: Number of ranks.
         length: Length of the (transformed) vector being summed.
         call: Call counter, part of every random-number stream (fresh randomness per call).
+        backend: Kernel backend of the hops (``"auto"``: Triton for CUDA tensors, Numba for CPU
+            tensors; or ``"numba"`` / ``"triton"``), passed to every :class:`HopContext`.
     """
 
     pipeline: Pipeline
     world_size: int
     length: int
     call: int = 0
+    backend: str = "auto"
     schedule: Schedule = field(init=False)
     bounds: list[tuple[int, int]] = field(init=False)
     #: global statistics from the metadata phase (set by :meth:`set_metadata`), as the codecs
@@ -132,9 +136,20 @@ class Plan:
 
     def context(self, rank: int, chunk: int) -> HopContext:
         """Random-number context of ``rank`` compressing ``chunk`` in this call."""
-        return HopContext(stream=(self.call, chunk), rank=rank, world_size=self.world_size,
-                          index_offset=self.bounds[chunk][0], stats=self.stats,
-                          prepared=self.prepared)
+        return HopContext(stream=(self.call, chunk, self.height(chunk, rank)), rank=rank,
+                          world_size=self.world_size, index_offset=self.bounds[chunk][0],
+                          stats=self.stats, prepared=self.prepared, backend=self.backend)
+
+    def height(self, chunk: int, rank: int) -> int:
+        """``rank``'s height in ``chunk``'s tree. It is part of the random stream: ranks of one
+        height share correlated rounding's permutation, ranks of different heights draw
+        independently, so no rounding depends on the randomness that shaped its input (each
+        stays unbiased; along a chain no unbiased scheme can correlate the hops anyway)."""
+        cache = self.__dict__.setdefault("_heights", {})
+        hs = cache.get(chunk)
+        if hs is None:
+            hs = cache[chunk] = self.schedule.heights(chunk)
+        return hs[rank]
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         """Codec of ``rank``'s reduce send of ``chunk`` (the main codec for the owner)."""
@@ -231,8 +246,20 @@ class RankState:
 
 
 # ---- the call around the schedule, shared by the executors ------------------------------------
-def apply_transforms(p: Pipeline, y: torch.Tensor, call: int) -> tuple[torch.Tensor, list[int]]:
+def _with_backend(fn: Any, backend: str) -> dict[str, str]:
+    """``{"backend": backend}`` when the transform method ``fn`` takes a ``backend`` keyword."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"backend": backend} if "backend" in params else {}
+
+
+def apply_transforms(p: Pipeline, y: torch.Tensor, call: int, backend: str = "auto"
+                     ) -> tuple[torch.Tensor, list[int]]:
     """Apply the pipeline's data-independent transforms (those without ``statistics``).
+
+    ``backend`` goes to the transforms that take one (e.g. ``rht``).
 
     Returns:
         The transformed vector and the lengths before each transform (for
@@ -241,19 +268,22 @@ def apply_transforms(p: Pipeline, y: torch.Tensor, call: int) -> tuple[torch.Ten
     lengths = [y.numel()]
     for t in p.transforms:
         if not getattr(t, "statistics", ()):
-            y = t.forward(y, step=call)
+            y = t.forward(y, step=call, **_with_backend(t.forward, backend))
             lengths.append(y.numel())
     return y, lengths
 
 
-def local_metadata(p: Pipeline, y: torch.Tensor, states: dict
+def local_metadata(p: Pipeline, y: torch.Tensor, states: dict, backend: str = "auto"
                    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """One rank's metadata: the declared statistics and the codecs' own values.
+
+    ``backend`` chooses the statistics kernel (see
+    :func:`~dynamiq.collectives.metadata.local_statistics`).
 
     Returns:
         ``(values, reduces)``: name → float64 tensor, and name → ``"sum" | "max"``.
     """
-    values = local_statistics(p.statistics, y)
+    values = local_statistics(p.statistics, y, backend)
     reduces = {n: STATISTICS[n].reduce for n in p.statistics}
     for c in p.codecs:
         for name, (t, kind) in c.local_metadata(y, states.setdefault(c, {})).items():
@@ -282,6 +312,7 @@ def undo_transforms(plan: Plan, y: torch.Tensor, lengths: list[int], states: dic
 
     With ``states``, the codecs first :meth:`~dynamiq.codecs.PartialSumCodec.observe` the
     result (identical on every rank), e.g. to adapt an auto-scale factor for the next call.
+    Transforms that take a ``backend`` get ``plan.backend``.
     """
     p = plan.pipeline
     if states is not None and plan.prepared is not None:
@@ -295,5 +326,6 @@ def undo_transforms(plan: Plan, y: torch.Tensor, lengths: list[int], states: dic
     for t in reversed(p.transforms):
         if not getattr(t, "statistics", ()):
             k -= 1
-            y = t.inverse(y, lengths[k], step=plan.call)
+            y = t.inverse(y, lengths[k], step=plan.call,
+                          **_with_backend(t.inverse, plan.backend))
     return y

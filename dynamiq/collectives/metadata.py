@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.registry import Registry
 
 __all__ = [
@@ -70,8 +71,14 @@ STATISTICS: Registry[Statistic] = Registry("statistic")
 STATISTICS.register("sum", Statistic("sum", lambda g: g.sum(1)))
 STATISTICS.register("sumsq", Statistic("sum", lambda g: (g * g).sum(1)))
 STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1)))
+# sum of squares about the rank's own block mean: no cancellation when the mean dominates
+STATISTICS.register(
+    "csumsq", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1))
+)
 STATISTICS.register("absmax32", Statistic("max", lambda g: g.abs().amax(1), block=32))
 STATISTICS.register("absmax16", Statistic("max", lambda g: g.abs().amax(1), block=16))
+# the built-in statistics (a name re-registered with other maths is not the Triton kernel's)
+_BUILTIN = {name: STATISTICS[name] for name in STATISTICS.names()}
 
 
 def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
@@ -93,13 +100,46 @@ def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
     return b.double()
 
 
-def local_statistics(names: Iterable[str], y: torch.Tensor) -> dict[str, torch.Tensor]:
+def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto"
+                     ) -> dict[str, torch.Tensor]:
     """This rank's statistics as they travel: name → float64 ``[blocks]`` of BF16 values.
 
     ``y`` (float32, 1-D) is zero-padded to whole blocks; sums are taken in float64 and then
     rounded to BF16 (maxima upwards).
+
+    Args:
+        names: Statistic names in :data:`STATISTICS`.
+        y: float32 ``[n]``.
+        backend: ``"auto"``, ``"numba"`` or ``"triton"``: with Triton (by default for CUDA
+            tensors) the built-in statistics are taken by
+            :func:`dynamiq.kernels.triton.stats.local_statistics` on ``y``'s device (maxima are
+            identical; sums may differ from torch's only when their float64 value lies within
+            about ``1e-13`` relative of a BF16 rounding boundary); the others, and every
+            statistic of the Numba backend, by torch on the CPU.
+
+    Returns:
+        name → float64 ``[blocks]`` on the CPU.
     """
+    names = list(names)
+    done: dict[str, torch.Tensor] = {}
+    if names and resolve_backend(backend, y.device) == "triton":
+        from dynamiq.kernels.triton import stats as tstats
+
+        fast = [n for n in names if n in tstats.OPS and STATISTICS[n] is _BUILTIN.get(n)]
+        if fast:
+            done = {k: v.cpu() for k, v in
+                    tstats.local_statistics(fast, y.detach().contiguous()).items()}
+    if not done:
+        return _torch_statistics(names, y)
+    rest = _torch_statistics([n for n in names if n not in done], y)
+    return {n: done[n] if n in done else rest[n] for n in names}
+
+
+def _torch_statistics(names: list[str], y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The statistics ``names`` of ``y`` computed by torch on the CPU."""
     out = {}
+    if not names:
+        return out
     y64 = y.detach().to(device="cpu", dtype=torch.float64)
     for name in names:
         st = STATISTICS[name]

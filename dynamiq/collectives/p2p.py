@@ -46,6 +46,7 @@ from dynamiq.collectives.engine import (
     undo_transforms,
 )
 from dynamiq.collectives.topology import Schedule, Transfer
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
 __all__ = ["TILE_ELEMS", "P2PStats", "clear_cache", "last_stats", "run_p2p"]
@@ -174,13 +175,14 @@ class _TiledPlan(Plan):
     so :class:`RankState` runs unchanged.
     """
 
-    def __init__(self, layout: _Layout, call: int) -> None:
+    def __init__(self, layout: _Layout, call: int, backend: str = "auto") -> None:
         # not Plan's generated __init__: its __post_init__ would rebuild the untiled schedule
         # on every call
         self.pipeline = layout.pipeline
         self.world_size = layout.world_size
         self.length = layout.length
         self.call = call
+        self.backend = backend
         self.schedule = layout.schedule
         self.bounds = layout.bounds
         self._layout = layout
@@ -194,9 +196,10 @@ class _TiledPlan(Plan):
         return self.pipeline.codec_for(self._layout.level[t])
 
     def context(self, rank: int, chunk: int) -> HopContext:
-        return HopContext(stream=(self.call, self._layout.parent[chunk]), rank=rank,
+        return HopContext(stream=(self.call, self._layout.parent[chunk],
+                                  self.height(chunk, rank)), rank=rank,
                           world_size=self.world_size, index_offset=self.bounds[chunk][0],
-                          stats=self.stats, prepared=self.prepared)
+                          stats=self.stats, prepared=self.prepared, backend=self.backend)
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         t = self._layout.send.get((chunk, rank))
@@ -504,6 +507,7 @@ def run_p2p(
     dtype: torch.dtype | None = None,
     op: str = "sum",
     consume: bool = False,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """All-reduce (sum) a flat float32 tensor over ``group`` with ``pipeline``.
 
@@ -525,6 +529,9 @@ def run_p2p(
         consume: Use ``tensor`` itself as the accumulator instead of a copy (saves a pass over
             the data when the caller's tensor is a scratch copy anyway); its values are then
             unspecified, and the result may share its memory.
+        backend: Kernel backend of the transforms, the metadata statistics and the hops:
+            ``"auto"`` (Triton for CUDA tensors, i.e. NCCL; Numba for CPU tensors, i.e. gloo),
+            ``"numba"`` or ``"triton"``. Backends give the same bits, so ranks need not agree.
 
     Returns:
         float32[d], the all-reduced sum, bit-identical on every rank and equal to
@@ -545,6 +552,7 @@ def run_p2p(
         raise ValueError("cannot all-reduce an empty tensor")
     if op not in _OPS:
         raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+    resolve_backend(backend, tensor.device)  # a bad or unavailable backend fails here, clearly
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first")
@@ -571,16 +579,16 @@ def run_p2p(
         tile_elems=tile,
     )
     y = tensor if consume else tensor.clone()
-    y, lengths = apply_transforms(p, y, call)
+    y, lengths = apply_transforms(p, y, call, backend)
     length = y.numel()
     layout = _cached(_layouts, (p, world, length, tile),
                      lambda: _build_layout(p, world, length, tile))
     gkey = dist.group.WORLD if group is None else group
     prog = _cached(_programs, (p, world, length, tile, gkey, rank, str(y.device)),
                    lambda: _build_program(layout, rank, y.device))
-    plan = _TiledPlan(prog.layout, call)
+    plan = _TiledPlan(prog.layout, call, backend)
     with prog.lock:
-        values, reduces = local_metadata(p, y, prog.states)
+        values, reduces = local_metadata(p, y, prog.states, backend)
         glob: dict[str, torch.Tensor] = {}
         if values:
             glob, nbytes = _exchange_metadata(group, values, reduces, y.device, timeout)

@@ -21,6 +21,7 @@ from dynamiq.collectives.engine import (
     undo_transforms,
 )
 from dynamiq.collectives.metadata import combine
+from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
 __all__ = ["SimulationResult", "normalized_bits", "simulate"]
@@ -94,6 +95,7 @@ def simulate(
     call: int = 0,
     track_hops: bool | None = None,
     state: dict | None = None,
+    backend: str = "auto",
 ) -> SimulationResult:
     """Run ``pipeline`` over ``world_size`` virtual ranks in this process.
 
@@ -111,6 +113,10 @@ def simulate(
         state: Per-tensor codec state (warm starts, auto-scale factors) carried between
             calls: pass the same dict to successive calls on the same tensor, as the P2P
             executor keeps one per (group, pipeline, size). Default: a fresh one.
+        backend: Kernel backend of the transforms, the metadata statistics and every hop:
+            ``"auto"`` (Triton for CUDA inputs, Numba for CPU inputs), ``"numba"`` or
+            ``"triton"`` (on CPU inputs only under ``TRITON_INTERPRET=1``); all give the same
+            bits.
 
     Returns:
         A :class:`SimulationResult`. Equivalent to ``dynamiq.all_reduce`` on every rank.
@@ -120,6 +126,7 @@ def simulate(
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     x = _check_inputs(inputs)
+    resolve_backend(backend, x.device)  # a bad or unavailable backend fails here, clearly
     n, d = x.shape
     x32 = x.float()
     exact = x32.double().sum(0)
@@ -134,11 +141,11 @@ def simulate(
     ys, lengths = [], [d]
     for r in range(n):
         # accumulators: never the caller's memory
-        y, lengths = apply_transforms(p, x32[r].clone(), call)
+        y, lengths = apply_transforms(p, x32[r].clone(), call, backend)
         ys.append(y)
     length = ys[0].numel()
-    plan = Plan(p, n, length, call)
-    metas = [local_metadata(p, y, states) for y in ys]
+    plan = Plan(p, n, length, call, backend)
+    metas = [local_metadata(p, y, states, backend) for y in ys]
     plan.set_metadata(combine([m for m, _ in metas], metas[0][1]), states)
     ys = [center_and_prepare(plan, y) for y in ys]
     ranks = [RankState(plan, r, ys[r]) for r in range(n)]
@@ -154,7 +161,7 @@ def simulate(
                 if t.phase != "reduce":
                     continue
                 a, b = plan.bounds[t.chunk]
-                dec = torch.empty(b - a)
+                dec = torch.empty(b - a, device=x32.device)
                 plan.codec(t).decompress(data, dec, plan.context(t.src, t.chunk))
                 true = shadow[t.src][a:b]
                 err += float(((dec.double() - true) ** 2).sum())

@@ -177,6 +177,29 @@ class Schedule:
         """The ranks whose parent is ``rank`` in chunk ``chunk``'s aggregation tree, ascending."""
         return tuple(r for r, p in enumerate(self.parents[chunk]) if p == rank)
 
+    def heights(self, chunk: int) -> tuple[int, ...]:
+        """Each rank's height in chunk ``chunk``'s aggregation tree: 0 for a leaf, else one more
+        than its highest child. Nodes of equal height have disjoint subtrees, so their inputs
+        never depend on each other's rounding (what correlated rounding needs to stay
+        unbiased). Assumes the parents form a tree (see :meth:`validate`)."""
+        parents = self.parents[chunk]
+        kids: list[list[int]] = [[] for _ in range(self.world_size)]
+        for r, p in enumerate(parents):
+            if p >= 0 and p != r:
+                kids[p].append(r)
+        h = [0] * self.world_size
+        # post-order from every root (iterative: chains are world_size deep)
+        for root in (r for r, p in enumerate(parents) if p < 0 or p == r):
+            stack = [(root, False)]
+            while stack:
+                r, done = stack.pop()
+                if done:
+                    h[r] = 1 + max(h[k] for k in kids[r]) if kids[r] else 0
+                    continue
+                stack.append((r, True))
+                stack.extend((k, False) for k in kids[r])
+        return tuple(h)
+
     def depth(self, chunk: int) -> int:
         """Height of chunk ``chunk``'s aggregation tree: the most edges from any rank to the owner.
 

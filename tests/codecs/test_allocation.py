@@ -282,15 +282,14 @@ def test_codec_options_are_the_ones_modelled_here():
 
 @pytest.mark.parametrize("start", [None, -30.0, -10.0, 10.0])
 def test_default_codec_gives_equal_energies_equal_widths(start):
-    """Repro with the default codec (widths 2/3/4/5/6/8) through its public ``prepare``: two
-    super-groups of equal energy, budget 2 × the 5-bit cost (2848 bits, i.e. bits = 5.6875 on
-    512 coordinates with 64 bits of metadata). The optimum is [5, 5]; depending on the warm
-    start ``prepare`` returns [6, 4] (fresh state), [4, 4] (log2_lambda = −30), [8, 2] (+10,
-    modelled error 125× the optimum); only some starts (e.g. 0) find [5, 5]."""
+    """The default codec (widths 2/3/4/5/6/8) through its public ``prepare``: two super-groups
+    of equal energy, budget 2 × the 5-bit cost (2848 bits, i.e. bits = 5.6875 on 512
+    coordinates with 64 bits of metadata). The optimum is [5, 5] from every warm start (an
+    earlier settle step returned [6, 4], [4, 4] or [8, 2] depending on the start)."""
     codec = DynamiQ(bits=5.6875)
     state = {} if start is None else {"log2_lambda": start}
     stats = {"sum": torch.zeros(2, dtype=torch.float64),
-             "sumsq": torch.ones(2, dtype=torch.float64)}
+             "csumsq": torch.ones(2, dtype=torch.float64)}
     plan = codec.prepare(stats, 2 * 256, 4, state)
     assert plan.budget_bits == 2848.0
     assert [codec.width_list[i] for i in plan.choice] == [5, 5]

@@ -183,8 +183,8 @@ def _load_tile(codes, scales, supers, nblocks, b0, grow, blocks, bvalid, NB: tl.
     """Read the tile's element codes (flat), group scale codes and super-group scale codes."""
     # chunks of E codes: NB * GPB * GROUP // E of them; a block is GPB * GROUP codes
     cvalid = (b0 + tl.arange(0, NB * GPB * GROUP // E) * E // (GPB * GROUP)) < nblocks
-    c = unpack_codes(codes, b0 * (GPB * GROUP * BITS // 8), cvalid, NB * GPB * GROUP // E, E, L,
-                     BITS)
+    c = unpack_codes(codes, b0 * (GPB * GROUP * BITS // 8), cvalid,
+                     nblocks * (GPB * GROUP * BITS // 8), NB * GPB * GROUP // E, E, L, BITS)
     rvalid = _per_row(bvalid, NB, GPB)
     scode = load_word(scales, grow * SBYTES, SBYTES, rvalid)
     if HIER:
@@ -202,7 +202,7 @@ def _store_tile(c, scode, ucode, codes, scales, supers, nblocks, b0, grow, block
     """Write the tile's element codes ``[rows, GROUP]``, group and super-group scale codes."""
     cvalid = (b0 + tl.arange(0, NB * GPB * GROUP // E) * E // (GPB * GROUP)) < nblocks
     pack_codes(tl.reshape(c, (NB * GPB * GROUP,)), codes, b0 * (GPB * GROUP * BITS // 8), cvalid,
-               NB * GPB * GROUP // E, E, L, BITS)
+               nblocks * (GPB * GROUP * BITS // 8), NB * GPB * GROUP // E, E, L, BITS)
     store_word(scales, grow * SBYTES, SBYTES, scode, _per_row(bvalid, NB, GPB))
     if HIER:
         store_word(supers, blocks * UBYTES, UBYTES, ucode, bvalid)

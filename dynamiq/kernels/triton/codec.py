@@ -275,14 +275,15 @@ def load_word(buf, pos, NBYTES: tl.constexpr, mask):
 
 
 @triton.jit
-def pack_codes(c, buf, base, valid, NCHUNK: tl.constexpr, E: tl.constexpr, L: tl.constexpr,
-               BITS: tl.constexpr):
+def pack_codes(c, buf, base, valid, limit, NCHUNK: tl.constexpr, E: tl.constexpr,
+               L: tl.constexpr, BITS: tl.constexpr):
     """Store ``BITS``-bit codes LSB-first: code ``i`` starts at bit ``i * BITS`` of ``buf + base``.
 
     The tile ``c`` (uint32, ``NCHUNK * E`` codes) is cut into chunks of ``E = 8 / gcd(BITS, 8)``
     codes, which fill exactly ``L = BITS / gcd(BITS, 8)`` bytes; byte ``p`` of every chunk
     collects the bits of the codes that overlap it (shifts are compile-time per ``(p, t)``).
-    ``valid`` (bool, ``NCHUNK``) masks the stores of chunks outside the data.
+    ``valid`` (bool, ``NCHUNK``) masks the stores of chunks outside the data, and no byte at or
+    past ``buf + limit`` is written (a bit stream whose last chunk is cut short).
     """
     cc = tl.reshape(c, (NCHUNK, E))
     t = tl.arange(0, E)[None, :]
@@ -294,18 +295,21 @@ def pack_codes(c, buf, base, valid, NCHUNK: tl.constexpr, E: tl.constexpr, L: tl
         right = cc >> tl.minimum(tl.maximum(-sh, 0), 31).to(tl.uint32)
         part = tl.where(hit, tl.where(sh >= 0, left, right) & 0xFF, 0)
         byte = tl.sum(part, axis=1)  # the parts have disjoint bits: sum == or
-        tl.store(buf + base + row * L + p, byte.to(tl.uint8), mask=valid)
+        pos = base + row * L + p
+        tl.store(buf + pos, byte.to(tl.uint8), mask=valid & (pos < limit))
 
 
 @triton.jit
-def unpack_codes(buf, base, valid, NCHUNK: tl.constexpr, E: tl.constexpr, L: tl.constexpr,
-                 BITS: tl.constexpr):
-    """Inverse of :func:`pack_codes`: the ``NCHUNK * E`` codes (uint32) stored at ``buf + base``."""
+def unpack_codes(buf, base, valid, limit, NCHUNK: tl.constexpr, E: tl.constexpr,
+                 L: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`pack_codes`: the ``NCHUNK * E`` codes (uint32) stored at ``buf + base``
+    (bytes of invalid chunks, or at or past ``buf + limit``, read as 0)."""
     t = tl.arange(0, E)[None, :]
     row = tl.arange(0, NCHUNK)
     c = tl.zeros((NCHUNK, E), tl.uint32)
     for p in tl.static_range(L):
-        byte = tl.load(buf + base + row * L + p, mask=valid, other=0).to(tl.uint32)[:, None]
+        pos = base + row * L + p
+        byte = tl.load(buf + pos, mask=valid & (pos < limit), other=0).to(tl.uint32)[:, None]
         sh = t * BITS - 8 * p
         hit = (sh < 8) & (sh + BITS > 0)
         left = byte >> tl.minimum(tl.maximum(sh, 0), 31).to(tl.uint32)
