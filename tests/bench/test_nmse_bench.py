@@ -1,0 +1,80 @@
+"""``dynamiq bench nmse`` and ``dynamiq bench scale`` on small synthetic inputs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from dynamiq.bench import nmse, scale
+from dynamiq.cli import main
+
+WL = "lognormal(d=32768)"
+
+
+def test_rows_carry_the_measured_values(tmp_path):
+    lines: list[str] = []
+    rows = nmse.run(WL, world_size=4, methods=("dynamiq", "passthrough(wire=bf16)@ring"),
+                    json_path=str(tmp_path / "r.json"), plot_path=str(tmp_path / "r.svg"),
+                    out=lines.append, log=lambda s: None)
+    assert [r.method for r in rows] == ["dynamiq", "passthrough(wire=bf16)@ring"]
+    dq, bf = rows
+    assert 4.9 < dq.bits_per_coord <= 5.0 and bf.bits_per_coord == pytest.approx(16.0)
+    assert dq.unbiased and not bf.unbiased
+    assert 0 < dq.vnmse and 0 < bf.vnmse < 1e-4
+    data = json.loads((tmp_path / "r.json").read_text())
+    for row in data:
+        assert {"workload", "method", "topology", "world_size", "bits_per_coord",
+                "vnmse"} <= set(row)
+        assert row["workload"] == "lognormal" and row["world_size"] == 4
+    assert (tmp_path / "r.svg").read_text().startswith("<svg")
+    assert any("vNMSE" in s for s in lines)
+
+
+def test_budget_flag_and_topology_reach_the_dynamiq_codec():
+    p = nmse.method_pipeline("dynamiq", "butterfly", 6.5)
+    assert p.codec.bits == 6.5 and p.topology.spec() == "butterfly"
+    # codecs with their own budgets are left alone
+    q = nmse.method_pipeline("passthrough-bf16", None, 3.0)
+    assert str(q) == "passthrough(wire=bf16)@ring"
+
+
+def test_ablation_and_sweep_rows(tmp_path):
+    lines: list[str] = []
+    rows = nmse.run(WL, world_size=4, methods=("dynamiq",), ablation=True, sweep=True,
+                    out=lines.append, log=lambda s: None)
+    abl = [r for r in rows if r.kind == "ablation"]
+    sw = [r for r in rows if r.kind == "sweep"]
+    assert [r.method for r in abl] == [label for label, _ in nmse.ABLATION]
+    assert all(r.bits_per_coord <= 5.0 + 1e-9 for r in abl)
+    assert [round(r.bits_per_coord) for r in sw] == [round(b) for b in nmse.SWEEP_BITS]
+    assert all(r.bits_per_coord <= b + 1e-9 for r, b in zip(sw, nmse.SWEEP_BITS))
+    # more bits never hurt on this input (the property the sweep reports)
+    assert all(b.vnmse < a.vnmse for a, b in itertools.pairwise(sw))
+    assert any(s.startswith("vNMSE falls with every added bit") for s in lines)
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    rc = main(["bench", "nmse", "--workload", WL, "--world-size", "2",
+               "--methods", "dynamiq;dynamiq-paper", "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == ["dynamiq", "dynamiq-paper"]
+    assert "bits/coord" in capsys.readouterr().out
+
+
+def test_unknown_method_is_a_clear_error():
+    with pytest.raises(ValueError, match="pipeline"):
+        nmse.method_pipeline("no-such-method")
+
+
+def test_scale_streams_slices(tmp_path):
+    rows = scale.run(world_sizes=(4,), topologies=("ring",), budgets=(5.0,), d=3 * 4096,
+                     slice_coords=4096, json_path=str(tmp_path / "s.json"), out=lambda s: None,
+                     log=lambda s: None)
+    assert [r.method for r in rows] == ["dynamiq 5b", "mxfp8"]
+    assert rows[0].bits_per_coord <= 5.0 + 1e-9 and rows[0].d == 3 * 4096
+    assert all(r.vnmse > 0 for r in rows)
+    assert json.loads((tmp_path / "s.json").read_text())[0]["world_size"] == 4
