@@ -198,7 +198,13 @@ class DynamiQ(PartialSumCodec):
         allocator: ``"measured"`` (error model from the codec's own measured error per width)
             or ``"paper"`` (``4^−w``, the paper's thresholds).
         seed: Seed of the rounding random numbers (shared by all ranks).
-        group_size: Coordinates per group scale (a power of two from 4 to 256).
+        group_size: Coordinates per group scale (a power of two from 4 to 256). The paper
+            uses 16; 32 halves the scales' cost and measured 10–15 % lower error at equal
+            bits on both real-gradient workloads.
+        scale_rounding: How hierarchical group scales are rounded to UINT8: ``"stochastic"``
+            (the paper: unbiased scale, elements normalised by the exact group max) or
+            ``"up"`` (never below the group max, elements normalised by the rounded scale:
+            also unbiased, without the scale's multiplicative noise).
     """
 
     bits: float = 5.0
@@ -209,7 +215,8 @@ class DynamiQ(PartialSumCodec):
     rounding: str = "correlated"
     allocator: str = "measured"
     seed: int = 0
-    group_size: int = 16
+    group_size: int = 32
+    scale_rounding: str = "stochastic"
 
     block_size = SUPER_GROUP
 
@@ -235,7 +242,8 @@ class DynamiQ(PartialSumCodec):
                 and self.bits > 0):
             raise ValueError(f"bits must be a positive number, got {self.bits!r}")
         object.__setattr__(self, "bits", float(self.bits))
-        for name, value, allowed in (("levels", self.levels, _LEVELS),
+        for name, value, allowed in (("scale_rounding", self.scale_rounding, ("stochastic", "up")),
+                                     ("levels", self.levels, _LEVELS),
                                      ("scales", self.scales, _SCALES),
                                      ("rounding", self.rounding, _ROUNDINGS),
                                      ("allocator", self.allocator, _ALLOCATORS)):
@@ -292,7 +300,7 @@ class DynamiQ(PartialSumCodec):
             fmt = EpsilonFormat(w, self._eps_for(i, w))
             if self.scales == "hier":
                 q = BlockQuantizer(fmt, group_size=self.group_size, scale="u8rel",
-                                   rounding=self.rounding, scale_rounding="stochastic",
+                                   rounding=self.rounding, scale_rounding=self.scale_rounding,
                                    super_group_size=SUPER_GROUP, super_scale="bf16")
             else:
                 q = BlockQuantizer(fmt, group_size=self.group_size, scale="bf16",
