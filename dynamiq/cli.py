@@ -106,7 +106,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from dynamiq import PIPELINES, get_pipeline, simulate
 
     names = args.pipeline.split(";") if args.pipeline else [
-        "passthrough-bf16", "requant-mxfp8", "requant-dq8", "requant-dq4", "requant-dq4-butterfly"
+        "bf16", "mxfp8", "dynamiq", "dynamiq-paper", "dynamiq-butterfly", "mxfp8-butterfly"
     ]
     n, d = args.world_size, args.n
     # data-parallel gradients: a shared component plus each worker's own noise
@@ -116,7 +116,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     inputs = torch.stack([common + args.noise * scale * torch.randn(d, generator=g)
                           for _ in range(n)])
     print(f"{n} virtual ranks, {d:,} coordinates each (gradient-like, noise {args.noise})")
-    print(f"{'pipeline':<24} {'bits/coord':>10} {'vNMSE':>11} {'worst hop':>11} {'seconds':>8}")
+    print(f"{'pipeline':<24} {'b̄ bits':>10} {'vNMSE':>11} {'worst hop':>11} {'seconds':>8}")
     rows = []
     for name in names:
         p = get_pipeline(name)
@@ -125,13 +125,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             continue
         r = simulate(p, inputs)
         label = name if name in PIPELINES else str(p)
-        # bits each rank puts on the wire per coordinate, as 2(n-1)/n of the payload's own
-        bits = max(r.bits_per_coord)
+        # the budget b̄ (metadata included) as DYNAMIQ.md §1 counts it
+        bits = r.bits
         worst = max(r.hop_vnmse) if r.hop_vnmse else 0.0
         print(f"{label:<24} {bits:>10.3f} {r.vnmse:>11.3e} {worst:>11.3e} {r.seconds:>8.2f}")
         rows.append({"pipeline": str(p), "world_size": n, "bits_per_coord": bits,
                      "vnmse": r.vnmse, "hop_vnmse": r.hop_vnmse, "seconds": r.seconds})
-    print("bits/coord = bytes each rank sends / coordinates (a ring sends 2(n-1)/n of the vector)")
+    print("b̄ = bits per coordinate, metadata included: each rank sends 2(n-1)/n · b̄ per "
+          "coordinate")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
         print(f"wrote {args.json}")

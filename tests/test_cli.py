@@ -63,8 +63,8 @@ def test_simulate_compares_pipelines(tmp_path, capsys):
         "passthrough@ring", "requant(quantizer=dq4_hier)@ring", "requant(quantizer=mxfp8)@butterfly"
     ]
     assert rows[0]["vnmse"] < 1e-12 and 0 < rows[1]["vnmse"] < 0.05
-    # a ring of 4 sends 2(n-1)/n = 1.5 times the payload
-    assert rows[0]["bits_per_coord"] == 1.5 * 32
+    # b̄: an uncompressed FP32 ring costs 32 bits per coordinate (each rank sends 2(n-1)/n·b̄)
+    assert rows[0]["bits_per_coord"] == 32.0
     assert main(["simulate", "--world-size", "3", "--n", "1024",
                  "--pipeline", "requant-dq4-butterfly"]) == 0
     assert "does not support 3 ranks" in capsys.readouterr().out

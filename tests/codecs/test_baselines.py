@@ -168,7 +168,7 @@ def test_registered_pipeline_strings():
     assert str(PIPELINES["mxfp6"]) == "shared_scale(element=e3m2)@ring"
     assert str(PIPELINES["mxfp4"]) == "shared_scale(element=e2m1)@ring"
     assert str(PIPELINES["nvfp4"]) == "shared_scale(element=e2m1,block=16,scale=e4m3)@ring"
-    assert str(PIPELINES["thc"]) == "rht+intsum@ring"
+    assert str(PIPELINES["thc"]) == "rht(block_size=65536)+intsum@ring"
     assert str(PIPELINES["omnireduce-butterfly"]) == "sparse@butterfly"
     assert not IntSum().lossless and IntSum().unbiased
     assert not SharedScale().unbiased and not Sparse().unbiased
@@ -416,8 +416,8 @@ def test_intsum_wire_bytes_follow_the_world_size():
         assert codec.bits_for(n) == bits == math.ceil(math.log2(14 * n + 1))
     x = _inputs(4)
     res = simulate("thc", x, track_hops=False)
-    # rht pads 5000 to 5120; 6 bits each, plus the 256-block maxima
-    assert res.bits == pytest.approx((6 * 5120 + 16 * 20) / D, abs=1e-12)
+    # rht pads 5000 to one block of 65536; 6 bits each, plus the 256-block maxima
+    assert res.bits == pytest.approx((6 * 65536 + 16 * 256) / D, abs=1e-12)
     assert codec.variable_size and not IntSum(headroom_bits=8).variable_size
     assert codec.max_wire_bytes(1000) == 2000 and IntSum(headroom_bits=12).wire_bytes(10) == 15
 
@@ -518,10 +518,9 @@ VNMSE_BOUND = {"bf16": 1e-4, "mxfp8": 5e-3, "mxfp6": 2e-2, "mxfp4": 0.2, "nvfp4"
 
 
 def _nominal_bits(name: str) -> float:
-    blocks = -(-D // 256)
     return {"bf16": 16.0, "mxfp8": 8 + 16 * 157 / D, "mxfp6": 6 + 16 * 157 / D,
             "mxfp4": 4 + 16 * 157 / D, "nvfp4": 4 + 16 * 313 / D,
-            "thc": (6 * blocks * 256 + 16 * blocks) / D, "omnireduce": 8.0}[name]
+            "thc": (6 * 65536 + 16 * 256) / D, "omnireduce": 8.0}[name]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -545,7 +544,7 @@ def test_baseline_pipeline_sanity(name):
 
 # the region a non-finite input poisons: its shared-scale block (the block maximum is not
 # finite), its Hadamard block (the rotation mixes it), or the coordinate alone (BF16 sums)
-POISONED = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16, "thc": 256, "omnireduce": 1}
+POISONED = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16, "thc": 1 << 16, "omnireduce": 1}
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
