@@ -12,6 +12,8 @@ unsigned 32-bit words with wrap-around, which both Numba (via explicit masking) 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 __all__ = ["GOLDEN", "MASK32", "MAX_WORLD", "fmix32", "hash_u32", "make_key", "stratum", "uniform"]
@@ -34,6 +36,7 @@ def fmix32(h: int) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def make_key(seed: int, *streams: int) -> tuple[int, int]:
     """Derive a 2-word kernel key from a seed and any number of stream identifiers.
 
