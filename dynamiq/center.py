@@ -74,7 +74,7 @@ class Center(Transform):
         Returns:
             float32 ``[length]``: ``x − μ_j`` on super-group ``j`` (float32 subtraction).
         """
-        mu = self._mean(stats, world_size, x.numel())
+        mu = self._mean(stats, world_size, x.numel()).to(x.device)
         return x.sub_(_per_coord(mu, x.numel()))
 
     def inverse(self, y: torch.Tensor, n: int, *, step: int = 0,
@@ -91,7 +91,7 @@ class Center(Transform):
             world_size: Number of ranks.
         """
         length = y.numel()
-        mu = self._mean(stats, world_size, length)
+        mu = self._mean(stats, world_size, length).to(y.device)
         y = y + _per_coord(mu * float(world_size), length)
         return y[:n]
 

@@ -18,6 +18,10 @@ own (:meth:`PartialSumCodec.local_metadata`), turn the global values into a per-
 :class:`HopContext`, and may learn from the final result (:meth:`PartialSumCodec.observe`, e.g.
 an auto-scale factor). Their per-tensor state lives in a dict the executor keeps between calls.
 
+Every hop runs on the kernel backend that ``ctx.backend`` names (:func:`hop_backend`): Numba
+(and torch) for CPU tensors, Triton for CUDA tensors by default; the backends give the same
+bits.
+
 Codecs are frozen dataclasses registered by name in :data:`CODECS`; their canonical spec string
 (``passthrough``, ``passthrough(wire=bf16)``, ``requant(quantizer=dq4_hier)``; parameters at
 their defaults are left out) is what pipelines print and parse.
@@ -142,12 +146,16 @@ class PartialSumCodec:
 
     def decompress(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None = None
                    ) -> torch.Tensor:
-        """Decode ``data`` into the float32 tensor ``out`` (its length is the chunk size)."""
+        """Decode ``data`` into the float32 tensor ``out`` (its length is the chunk size).
+
+        ``ctx`` may be ``None`` (outside a collective); the backend is then ``"auto"``,
+        resolved from ``out``'s device.
+        """
         raise NotImplementedError  # pragma: no cover - abstract
 
     def decompress_accumulate(self, data: torch.Tensor, acc: torch.Tensor,
                               ctx: HopContext | None = None) -> None:
-        """``acc += decompress(data)`` in float32."""
+        """``acc += decompress(data)`` in float32 (``ctx``: as in :meth:`decompress`)."""
         raise NotImplementedError  # pragma: no cover - abstract
 
     def decompress_accumulate_recompress(

@@ -124,7 +124,7 @@ def test_canonical_form_sorts_widths_and_their_eps():
     ("dynamiq(widths=2/4,eps=0.1)@ring", "one value per width"),
     ("dynamiq(widths=2/4/8,eps=0.1/0.2/-1)@ring", "finite and >= 0"),
     ("dynamiq(bits=2)@ring", "below what the cheapest width costs"),
-    ("dynamiq(widths=8,bits=8.5)@ring", "below what the cheapest width costs"),
+    ("dynamiq(widths=8,bits=8.2)@ring", "below what the cheapest width costs"),
     ("dynamiq(bits=0)@ring", "positive"),
     ("dynamiq(bits=nan)@ring", "positive"),
     ("dynamiq(levels=log)@ring", "levels must be one of"),
@@ -140,14 +140,17 @@ def test_bad_parameters_raise_value_error(spec, match):
 
 
 def test_bits_floor_is_the_cheapest_width_plus_metadata():
-    # width 2 with hierarchical scales: 2 + 8/16 + 16/256 = 2.5625 bits, plus the metadata
-    # phase's two BF16 statistics per super-group (32/256 = 0.125)
-    DynamiQ(bits=2.6875)
+    # width 2 with hierarchical scales in groups of 32: 2 + 8/32 + 16/256 = 2.3125 bits, plus
+    # the metadata phase's two BF16 statistics per super-group (32/256 = 0.125)
+    DynamiQ(bits=2.4375)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.6874)
-    DynamiQ(widths="4", bits=4.5625)  # one width: no allocation, no metadata
+        DynamiQ(bits=2.4374)
+    DynamiQ(widths="4", bits=4.3125)  # one width: no allocation, no metadata
     with pytest.raises(ValueError):
-        DynamiQ(widths="4", bits=4.56)
+        DynamiQ(widths="4", bits=4.31)
+    DynamiQ(widths="4", bits=4.5625, group_size=16)  # groups of 16: 8/16 for the scales
+    with pytest.raises(ValueError):
+        DynamiQ(widths="4", bits=4.56, group_size=16)
 
 
 # ---- budgets, accuracy ---------------------------------------------------------------------
@@ -208,7 +211,7 @@ def _padded_agrees(spec: str, x: torch.Tensor) -> tuple[bool, SimulationResult]:
     ("dynamiq(widths=4)@butterfly", 100, {}, None),
     ("dynamiq(widths=2/4/8/16,bits=3)@ring", 100, {}, [0]),  # d < 256: one partial super-group
     # mixed widths in the last chunk (super-groups 6 and 7), the partial one the widest
-    ("dynamiq(bits=4.75,widths=2/8)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
+    ("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
      [0, 0, 0, 0, 0, 1, 0, 1]),
 ])
 def test_partial_last_super_group_codes_like_the_zero_padded_vector(spec, d, scales, widths):
@@ -231,12 +234,12 @@ def test_partial_last_super_group_narrower_than_its_chunk_loses_no_coordinates()
     last 156 of super-group 6) come back as exactly 0."""
     d = 7 * SG + 100
     x = _by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
-    res = simulate("dynamiq(bits=4.75,widths=2/8)@ring", x)
-    plan = DynamiQ(bits=4.75, widths="2/8").prepare(res.stats, d, 4, {})
+    res = simulate("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", x)
+    plan = DynamiQ(bits=4.75, widths="2/8", group_size=16).prepare(res.stats, d, 4, {})
     assert plan.choice.tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
     lost = res.results[0, 6 * SG + 100: 7 * SG]
     assert not (lost == 0).all()
-    same, _ = _padded_agrees("dynamiq(bits=4.75,widths=2/8)@ring", x)
+    same, _ = _padded_agrees("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", x)
     assert same
 
 
@@ -246,7 +249,7 @@ def test_partial_last_super_group_all_ranks_agree(topology):
     of the last chunk differs from the other ranks on coordinates 1636..1791."""
     d = 7 * SG + 100
     x = _by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
-    res = simulate(f"dynamiq(bits=4.75,widths=2/8)@{topology}", x)
+    res = simulate(f"dynamiq(bits=4.75,widths=2/8,group_size=16)@{topology}", x)
     for r in range(1, 4):
         assert _same(res.results[r], res.results[0]), r
 
@@ -255,12 +258,13 @@ def test_partial_last_super_group_all_ranks_agree(topology):
                                   "center+dynamiq(widths=2/4/8/16)@butterfly"])
 def test_zeros_stay_exact_zeros(spec):
     """All-zero inputs decode to exact zeros; zero energies leave every super-group at the
-    cheapest width (2 bits: 656 wire bits per super-group, plus 32 bits of metadata)."""
+    cheapest width (2 bits in groups of 32: 592 wire bits per super-group, plus 32 bits of
+    metadata)."""
     d = 3000
     res = simulate(spec, torch.zeros(4, d))
     assert (res.results == 0).all()
     m = -(-d // SG)
-    assert res.bits == (m * 656 + m * 32) / d
+    assert res.bits == (m * 592 + m * 32) / d
 
 
 @pytest.mark.parametrize("topology", ["ring", "butterfly"])
@@ -390,7 +394,7 @@ def _hop_setup(choice, n_coords, seed=0):
 
 @pytest.mark.parametrize("choice", _CHOICES, ids=["alternating", "mixed"])
 def test_roundtrip_error_within_level_gap_times_group_scale(choice):
-    """Per group of 16 at width w ≤ 8: the element is normalised by the exact group max ``g``
+    """Per group at width w ≤ 8: the element is normalised by the exact group max ``g``
     and rounded to a neighbouring level (off by at most ``gap·g``), and the decoded group scale
     is within one UINT8 step ``S/255`` of ``g`` (``S``: the super-group max, rounded up to
     BF16, ≤ (1 + 2⁻⁷)·max), so ``|x̂ − x| ≤ gap·g + S/255``. Width 16 is BF16
@@ -406,10 +410,11 @@ def test_roundtrip_error_within_level_gap_times_group_scale(choice):
         if q is None:
             assert (err[sl] <= 2.0**-8 * x[sl].double().abs()).all(), j
             continue
-        gmax = x[sl].double().abs().view(-1, 16).amax(1, keepdim=True)
+        g = q.group_size
+        gmax = x[sl].double().abs().view(-1, g).amax(1, keepdim=True)
         smax = float(x[sl].abs().max()) * (1 + 2.0**-7)
         bound = q.level_gap() * gmax + smax / 255
-        assert (err[sl].view(-1, 16) <= bound * (1 + 1e-6)).all(), (j, w)
+        assert (err[sl].view(-1, g) <= bound * (1 + 1e-6)).all(), (j, w)
 
 
 @pytest.mark.parametrize("n_coords", [8 * SG, 7 * SG + 100])

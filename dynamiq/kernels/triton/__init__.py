@@ -4,6 +4,9 @@
 * :mod:`~dynamiq.kernels.triton.codec` — device functions of the quantization maths,
 * :mod:`~dynamiq.kernels.triton.blocks` — the encode / decode / recompress kernels,
 * :mod:`~dynamiq.kernels.triton.launch` — their host-side launchers,
+* :mod:`~dynamiq.kernels.triton.baselines` — the hop kernels of the other codecs (shared scale,
+  integer sums, FP32/BF16 wire values of a block selection, DynamiQ's width reordering), with
+  their launchers in :mod:`~dynamiq.kernels.triton.launch_baselines`,
 * :mod:`~dynamiq.kernels.triton.hadamard` — the blocked randomized Hadamard transform,
 * :mod:`~dynamiq.kernels.triton.stats` — per-super-group statistics.
 

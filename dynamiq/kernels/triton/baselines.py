@@ -7,7 +7,9 @@ kernel. Compile-time parameters (code width, magnitude bits, block size, wire fo
 of the write-back) are ``tl.constexpr``; format tables are runtime tensors, so a newly
 registered format needs no kernel code. The arithmetic contract of
 :mod:`dynamiq.kernels.triton.codec` holds here too (``div_rn`` for every division, no FMA
-contraction: launches pass ``enable_fp_fusion=False``, no libdevice).
+contraction: launches pass ``enable_fp_fusion=False``, no libdevice), and with it its one
+caveat: on a GPU, NaNs produced by arithmetic carry the canonical payload, so decoded NaN
+*bits* may differ from x86's (never their positions, never the message bytes).
 
 A program handles a tile of ``TILE`` consecutive coordinates (a multiple of 8, hence of every
 code chunk ``E = 8 / gcd(bits, 8)``), so tiles start on whole bytes of the packed bit streams;
@@ -75,7 +77,8 @@ def _tile(n, TILE: tl.constexpr):
 
 @triton.jit
 def _stream_chunks(n, TILE: tl.constexpr, E: tl.constexpr):
-    """Validity of this program's chunks of ``E`` codes, and the byte offset of its tile."""
+    """Validity (bool ``[TILE / E]``) of this program's chunks of ``E`` codes: those that
+    start inside the ``n`` coordinates."""
     c0 = tl.program_id(0).to(tl.int64) * (TILE // E)
     return (c0 + tl.arange(0, TILE // E)) * E < n
 
