@@ -36,7 +36,7 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "results", "Thumbs.db", ".DS_Store"]
 root_doc = "index"
 default_role = "code"
 
