@@ -55,6 +55,9 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
         ImportError: Triton is needed (``"triton"``, or ``"auto"`` with a CUDA tensor) but not
             installed; the message is :data:`TRITON_MISSING`.
     """
+    if (backend == "auto" or backend == "numba") and isinstance(device, torch.device) \
+            and device.type == "cpu":
+        return "numba"  # the common case, asked once per hop: no further checks needed
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     dev = torch.device(device)
