@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from dynamiq.bench.output import stderr_log, write_rows
 from dynamiq.codecs import DynamiQ
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import Pipeline, get_pipeline
@@ -199,8 +197,7 @@ def run(
     from dynamiq.bench.workloads import get_workload
 
     if log is None:
-        def log(s: str) -> None:
-            print(s, file=sys.stderr, flush=True)
+        log = stderr_log
     wl = get_workload(workload)
     name = getattr(wl, "name", None) or str(workload)
     log(f"{name}: gradients of {world_size} workers")
@@ -234,9 +231,7 @@ def run(
         ok = _monotone([r.vnmse for r in sw])
         out(f"vNMSE falls with every added bit: {'yes' if ok else 'NO'}")
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
-        log(f"wrote {json_path}")
+        write_rows(rows, json_path, log)
     if plot_path:
         from dynamiq.bench.svg import scatter_plot
 

@@ -15,15 +15,13 @@ distribution here, as the super-groups are independent and identically distribut
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from dynamiq.bench.output import stderr_log, write_rows
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import Pipeline
 
@@ -100,8 +98,7 @@ def run(
     from dynamiq.bench.workloads import get_workload
 
     if log is None:
-        def log(s: str) -> None:
-            print(s, file=sys.stderr, flush=True)
+        log = stderr_log
     model = get_workload("lognormal")
     rows: list[ScaleRow] = []
     for n in world_sizes:
@@ -147,9 +144,7 @@ def run(
         out(f"{r.world_size:>6} {r.topology:<10} {r.method:<14} {r.bits_per_coord:10.3f} "
             f"{r.vnmse:11.4g}")
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
-        log(f"wrote {json_path}")
+        write_rows(rows, json_path, log)
     if plot_path:
         from dynamiq.bench.svg import scatter_plot
 

@@ -135,6 +135,19 @@ class PartialSumCodec:
         """
         return None
 
+    def plan_in(self, ctx: HopContext | None) -> Any:
+        """This codec's per-call decision from ``ctx``; ``None`` outside a collective.
+
+        Raises:
+            ValueError: ``ctx`` carries the decisions of a call but none for this codec.
+        """
+        if ctx is None or ctx.prepared is None:
+            return None
+        if self not in ctx.prepared:
+            raise ValueError(f"{self.spec()}: the HopContext carries no prepared plan for this "
+                             "codec (run it inside a pipeline: simulate / all_reduce)")
+        return ctx.prepared[self]
+
     def observe(self, result: torch.Tensor, prepared: Any, world_size: int, state: dict) -> None:
         """Learn from the all-reduced ``result`` (bit-identical on every rank, so every rank
         updates ``state`` identically without communication). Nothing by default."""

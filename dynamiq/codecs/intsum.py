@@ -206,13 +206,8 @@ class IntSum(PartialSumCodec):
         return IntSumPlan(grid_step(scale, self.half_levels, bits), bits, scale)
 
     def _plan(self, ctx: HopContext | None) -> IntSumPlan:
-        if ctx is None or ctx.prepared is None:
-            return IntSumPlan(1.0, self._max_bits, float("nan"))
-        plan = ctx.prepared.get(self)
-        if plan is None:
-            raise ValueError(f"{self.spec()}: the HopContext carries no prepared grid for this "
-                             "codec (run it inside a pipeline: simulate / all_reduce)")
-        return plan
+        plan = self.plan_in(ctx)
+        return IntSumPlan(1.0, self._max_bits, float("nan")) if plan is None else plan
 
     # ---- sizes --------------------------------------------------------------------------------
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:

@@ -260,13 +260,10 @@ class SharedScale(PartialSumCodec):
     def _block_scales(self, n: int, ctx: HopContext | None) -> np.ndarray:
         """float32 scales of the chunk's blocks (ones outside a collective)."""
         nb = -(-n // self.block)
-        if ctx is None or ctx.prepared is None:
-            return np.ones(nb, dtype=np.float32)
-        plan = ctx.prepared.get(self)
+        plan = self.plan_in(ctx)
         if plan is None:
-            raise ValueError(f"{self.spec()}: the HopContext carries no prepared scales for "
-                             "this codec (run it inside a pipeline: simulate / all_reduce)")
-        off = ctx.index_offset
+            return np.ones(nb, dtype=np.float32)
+        off = ctx.index_offset  # type: ignore[union-attr]
         if off % self.block:
             raise ValueError(f"chunk offset {off} is not a multiple of the block {self.block}")
         j = off // self.block

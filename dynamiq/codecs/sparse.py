@@ -235,13 +235,10 @@ class Sparse(PartialSumCodec):
     # ---- sizes --------------------------------------------------------------------------------
     def _index(self, n: int, ctx: HopContext | None) -> torch.Tensor | None:
         """Selected chunk-local indices, or ``None`` for all (outside a collective)."""
-        if ctx is None or ctx.prepared is None:
-            return None
-        plan = ctx.prepared.get(self)
+        plan = self.plan_in(ctx)
         if plan is None:
-            raise ValueError(f"{self.spec()}: the HopContext carries no prepared selection for "
-                             "this codec (run it inside a pipeline: simulate / all_reduce)")
-        if ctx.index_offset % BLOCK:
+            return None
+        if ctx.index_offset % BLOCK:  # type: ignore[union-attr]
             raise ValueError(f"chunk offset {ctx.index_offset} is not a multiple of {BLOCK}")
         idx = plan.index(ctx.index_offset, n)
         return None if idx.numel() == n else idx

@@ -354,12 +354,13 @@ class DynamiQ(PartialSumCodec):
         return WidthPlan(choice, self.width_list, budget, used)
 
     def _plan(self, ctx: HopContext | None) -> WidthPlan:
-        if ctx is None or ctx.prepared is None or self not in ctx.prepared:
+        plan = self.plan_in(ctx)
+        if plan is None:
             raise ValueError(
                 "the dynamiq codec needs the call's width plan: run it inside a pipeline "
                 "(simulate / all_reduce), or pass a HopContext with prepared={codec: plan}"
             )
-        return ctx.prepared[self]
+        return plan
 
     def _layout(self, n: int, ctx: HopContext | None) -> _ChunkLayout:
         sgs = -(-n // SUPER_GROUP)
