@@ -179,7 +179,8 @@ PIPELINES.register(
 # model measured per width, tuned ε, groups of 32); "dynamiq-paper" keeps the paper's exact
 # choices (widths {2, 4, 8}, 4^-w error model, ε from the authors' range, groups of 16). Both
 # centre through the metadata phase and spend 5 bits/coordinate.
-_PAPER = DynamiQ(widths="2/4/8", allocator="paper", eps="0.25/0.19/0.09", group_size=16)
+_PAPER = DynamiQ(widths="2/4/8", allocator="paper", eps="0.25/0.19/0.09", group_size=16,
+                 dither=False)
 PIPELINES.register("dynamiq", Pipeline(DynamiQ(), "ring", transforms=(Center(),)))
 PIPELINES.register("dynamiq-butterfly", Pipeline(DynamiQ(), "butterfly", transforms=(Center(),)))
 PIPELINES.register(

@@ -63,6 +63,11 @@ def parse_call(spec: str, what: str = "spec") -> tuple[str, dict[str, str]]:
 
 def _coerce(cls: type, key: str, raw: str, spec: str, what: str) -> object:
     hint = typing.get_type_hints(cls).get(key, str)
+    if hint is bool:
+        low = raw.lower()
+        if low not in ("true", "false", "1", "0"):
+            raise ValueError(f"{what} spec {spec!r}: {key} must be true or false, got {raw!r}")
+        return low in ("true", "1")
     if hint is int:
         if not re.fullmatch(r"[+-]?\d+", raw):
             raise ValueError(f"{what} spec {spec!r}: {key} must be an integer, got {raw!r}")

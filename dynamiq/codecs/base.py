@@ -66,6 +66,10 @@ class HopContext:
         backend: Kernel backend of the hop operations: ``"auto"`` (Triton for CUDA tensors,
             Numba for CPU tensors), ``"numba"`` or ``"triton"`` (see
             :func:`dynamiq.kernels.backend.resolve_backend`); every backend gives the same bits.
+        source: For a hop that *reads* a message, the context its producer compressed it
+            under (:attr:`producer`): codecs whose decoding depends on the encoder's random
+            numbers (subtractive dithering) regenerate them from its rank and stream. ``None``
+            means the message was compressed under this context itself.
     """
 
     seed: int = 0
@@ -76,6 +80,13 @@ class HopContext:
     stats: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, hash=False)
     prepared: Mapping[Any, Any] | None = field(default=None, compare=False, hash=False)
     backend: str = field(default="auto", compare=False, hash=False)
+    source: HopContext | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def producer(self) -> HopContext:
+        """The context the message a hop reads was compressed under (:attr:`source`, else
+        this one)."""
+        return self if self.source is None else self.source
 
 
 _WRITEBACK = ("none", "sum", "decoded")

@@ -42,13 +42,19 @@ class Requant(PartialSumCodec):
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
         return self.quantizer.nbytes(n)
 
-    def _kw(self, ctx: HopContext) -> dict:
+    def _kw(self, ctx: HopContext | None) -> dict:
+        """The quantizer's random-number keys under ``ctx`` (defaults when ``None``)."""
+        if ctx is None:
+            return {"seed": self.seed, "backend": "auto"}
         return {"seed": self.seed, "rank": ctx.rank, "world_size": ctx.world_size,
                 "stream": ctx.stream, "index_offset": ctx.index_offset, "backend": ctx.backend}
 
-    @staticmethod
-    def _backend(ctx: HopContext | None) -> str:
-        return "auto" if ctx is None else ctx.backend
+    def _decode_kw(self, ctx: HopContext | None) -> dict:
+        """Keys of the message's producer, as a (dithered) decode regenerates them."""
+        kw = self._kw(None if ctx is None else ctx.producer)
+        if ctx is not None:
+            kw["backend"] = ctx.backend
+        return kw
 
     def compress(self, x, ctx, out=None):
         _check_chunk(x)
@@ -56,15 +62,17 @@ class Requant(PartialSumCodec):
 
     def decompress(self, data, out, ctx=None):
         return self.quantizer.decode(Payload(self.quantizer, out.numel(), data), out=out,
-                                     backend=self._backend(ctx))
+                                     **self._decode_kw(ctx))
 
     def decompress_accumulate(self, data, acc, ctx=None):
         self.quantizer.decode(Payload(self.quantizer, acc.numel(), data), out=acc,
-                              accumulate=True, backend=self._backend(ctx))
+                              accumulate=True, **self._decode_kw(ctx))
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         p = Payload(self.quantizer, acc.numel(), data)
+        src = ctx.producer
         return self.quantizer.recompress(p, acc, writeback=writeback, out=out,
+                                         in_rank=src.rank, in_stream=src.stream,
                                          **self._kw(ctx)).data
 
     def spec(self) -> str:

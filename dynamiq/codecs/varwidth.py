@@ -85,7 +85,8 @@ class _Bf16Segment:
             return
         out.view(torch.bfloat16).copy_(x)
 
-    def decode(self, data: torch.Tensor, out: torch.Tensor, backend: str = "numba") -> None:
+    def decode(self, data: torch.Tensor, out: torch.Tensor, backend: str = "numba",
+               **_: object) -> None:
         if backend == "triton":
             _triton_launchers().wire_decode(data, "bf16", out)
             return
@@ -116,8 +117,8 @@ class _QuantSegment:
     def encode(self, x: torch.Tensor, out: torch.Tensor, **rand: object) -> None:
         self.q.encode(x, out=out, **rand)
 
-    def decode(self, data: torch.Tensor, out: torch.Tensor, backend: str = "numba") -> None:
-        self.q.decode(Payload(self.q, out.numel(), data), out=out, backend=backend)
+    def decode(self, data: torch.Tensor, out: torch.Tensor, **rand: object) -> None:
+        self.q.decode(Payload(self.q, out.numel(), data), out=out, **rand)
 
     def recompress(self, data: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
                    writeback: str, **rand: object) -> None:
@@ -133,7 +134,7 @@ def _measured_error(q: BlockQuantizer | None) -> float:
     if q is None:  # BF16: relative error of round-to-nearest
         y = x.to(torch.bfloat16).float()
     else:
-        y = q.decode(q.encode(x, seed=1))
+        y = q.decode(q.encode(x, seed=1), seed=1)
     return float(((y.double() - x.double()) ** 2).sum() / (x.double() ** 2).sum())
 
 
@@ -205,6 +206,11 @@ class DynamiQ(PartialSumCodec):
             (the paper: unbiased scale, elements normalised by the exact group max) or
             ``"up"`` (never below the group max, elements normalised by the rounded scale:
             also unbiased, without the scale's multiplicative noise).
+        dither: Subtractive dithering (``BlockQuantizer.dither``): every receiver regenerates
+            the uniforms the sender rounded with and removes most of the rounding noise,
+            still unbiased, at no cost on the wire. Measured about 1.6× lower vNMSE on the
+            real-gradient workloads; ``False`` is plain stochastic (or correlated) rounding,
+            the paper's.
     """
 
     bits: float = 5.0
@@ -217,6 +223,7 @@ class DynamiQ(PartialSumCodec):
     seed: int = 0
     group_size: int = 32
     scale_rounding: str = "stochastic"
+    dither: bool = True
 
     block_size = SUPER_GROUP
 
@@ -251,6 +258,8 @@ class DynamiQ(PartialSumCodec):
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+        if not isinstance(self.dither, bool):
+            raise TypeError(f"dither must be a bool, got {self.dither!r}")
         g = self.group_size
         if not isinstance(g, int) or g < 4 or g > SUPER_GROUP or g & (g - 1):
             raise ValueError(f"group_size must be a power of two in [4, {SUPER_GROUP}], got {g!r}")
@@ -301,10 +310,12 @@ class DynamiQ(PartialSumCodec):
             if self.scales == "hier":
                 q = BlockQuantizer(fmt, group_size=self.group_size, scale="u8rel",
                                    rounding=self.rounding, scale_rounding=self.scale_rounding,
-                                   super_group_size=SUPER_GROUP, super_scale="bf16")
+                                   super_group_size=SUPER_GROUP, super_scale="bf16",
+                                   dither=self.dither)
             else:
                 q = BlockQuantizer(fmt, group_size=self.group_size, scale="bf16",
-                                   rounding=self.rounding, scale_rounding="up")
+                                   rounding=self.rounding, scale_rounding="up",
+                                   dither=self.dither)
             out.append(q)
         return tuple(out)
 
@@ -411,7 +422,10 @@ class DynamiQ(PartialSumCodec):
         return max(seg.nbytes(n) for seg in self._segments)
 
     # ---- hop operations ------------------------------------------------------------------
-    def _rand(self, ctx: HopContext, first: int) -> dict:
+    def _rand(self, ctx: HopContext | None, first: int) -> dict:
+        """Random-number keys of the segment starting at ``first`` under ``ctx``."""
+        if ctx is None:
+            return {"seed": self.seed, "index_offset": first}
         return {"seed": self.seed, "rank": ctx.rank, "world_size": ctx.world_size,
                 "stream": ctx.stream, "index_offset": first}
 
@@ -482,28 +496,30 @@ class DynamiQ(PartialSumCodec):
                                      **self._rand(ctx, first))
         return out
 
-    def _decode_gathered(self, data: torch.Tensor, lay: _ChunkLayout,
+    def _decode_gathered(self, data: torch.Tensor, lay: _ChunkLayout, ctx: HopContext | None,
                          backend: str = "numba") -> torch.Tensor:
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
         g = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32, device=data.device)
-        for i, sg0, coords, b0, b1, _ in lay.segments:
+        src = None if ctx is None else ctx.producer
+        for i, sg0, coords, b0, b1, first in lay.segments:
             s = sg0 * SUPER_GROUP
-            self._segments[i].decode(data[b0:b1], g[s:s + coords], backend=backend)
+            self._segments[i].decode(data[b0:b1], g[s:s + coords], backend=backend,
+                                     **self._rand(src, first))
         return g
 
     def decompress(self, data, out, ctx=None):
-        """Decode into ``out`` (float32 ``[n]``)."""
+        """Decode into ``out`` (float32 ``[n]``); dithered widths use ``ctx.producer``'s keys."""
         lay = self._layout(out.numel(), ctx)
         be = hop_backend(ctx, out)
-        self._scatter(self._decode_gathered(data, lay, be), out, lay, add=False, backend=be)
+        self._scatter(self._decode_gathered(data, lay, ctx, be), out, lay, add=False, backend=be)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 addition per coordinate)."""
         lay = self._layout(acc.numel(), ctx)
         be = hop_backend(ctx, acc)
-        self._scatter(self._decode_gathered(data, lay, be), acc, lay, add=True, backend=be)
+        self._scatter(self._decode_gathered(data, lay, ctx, be), acc, lay, add=True, backend=be)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` with fresh scales, widths unchanged."""
@@ -516,10 +532,12 @@ class DynamiQ(PartialSumCodec):
         be = hop_backend(ctx, acc)
         out = self._out(lay, out, acc.device)
         g = self._gather(acc, lay, be)
+        src = ctx.producer
         for i, sg0, coords, b0, b1, first in lay.segments:
             s = sg0 * SUPER_GROUP
             self._segments[i].recompress(data[b0:b1], g[s:s + coords], out[b0:b1], writeback,
-                                         backend=be, **self._rand(ctx, first))
+                                         backend=be, in_rank=src.rank, in_stream=src.stream,
+                                         **self._rand(ctx, first))
         if writeback != "none":
             self._scatter(g, acc, lay, add=False, backend=be)
         return out

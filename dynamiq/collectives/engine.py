@@ -18,6 +18,7 @@ floating-point summation order on every executor.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -140,6 +141,14 @@ class Plan:
                           world_size=self.world_size, index_offset=self.bounds[chunk][0],
                           stats=self.stats, prepared=self.prepared, backend=self.backend)
 
+    def receive_context(self, rank: int, t: Transfer) -> HopContext:
+        """Context of ``rank`` taking in transfer ``t``: its own, with the message's producer
+        as :attr:`~dynamiq.codecs.HopContext.source` (the sender in the reduce phase, the
+        chunk's owner in the all-gather, whose bytes are forwarded unchanged)."""
+        producer = self.schedule.owners[t.chunk] if t.phase == "gather" else t.src
+        return dataclasses.replace(self.context(rank, t.chunk),
+                                   source=self.context(producer, t.chunk))
+
     def height(self, chunk: int, rank: int) -> int:
         """``rank``'s height in ``chunk``'s tree. It is part of the random stream: ranks of one
         height share correlated rounding's permutation, ranks of different heights draw
@@ -218,7 +227,7 @@ class RankState:
         plan = self.plan
         incoming = plan.codec(t)
         view = self._view(c)
-        ctx = plan.context(self.rank, c)
+        ctx = plan.receive_context(self.rank, t)
         if t.phase == "gather":
             self.final[c] = data
             incoming.decompress(data, view, ctx)
@@ -236,9 +245,10 @@ class RankState:
                                                              writeback=writeback)
         else:
             incoming.decompress_accumulate(data, view, ctx)
-            out = out_codec.compress(view, ctx, out=buf)
+            own = plan.context(self.rank, c)
+            out = out_codec.compress(view, own, out=buf)
             if owner:
-                out_codec.decompress(out, view, ctx)
+                out_codec.decompress(out, view, own)
         if owner:
             self.final[c] = out
         else:

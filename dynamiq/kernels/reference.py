@@ -164,8 +164,14 @@ def encode(q, x: np.ndarray, *, seed=0, rank=0, world_size=1, stream=(), index_o
     return out.astype(np.uint8), s_hat
 
 
-def decode(q, buf: np.ndarray, n: int) -> np.ndarray:
-    """Reference decode of ``buf`` (bytes from :func:`encode`) to float32[n]."""
+def decode(q, buf: np.ndarray, n: int, *, seed=0, rank=0, world_size=1, stream=(),
+           index_offset=0) -> np.ndarray:
+    """Reference decode of ``buf`` (bytes from :func:`encode`) to float32[n].
+
+    The keyword arguments are the encoder's (a dithered quantizer regenerates its uniforms).
+    """
+    from dynamiq.quantizers import _MODE, _P_ELEM, _P_PERM
+
     e, st, ut = q._elem_tables, q._scale_tables, q._super_tables
     a, b, _ = q._section_sizes(n)
     npad = q.padded_length(n)
@@ -176,7 +182,13 @@ def decode(q, buf: np.ndarray, n: int) -> np.ndarray:
         S = _scale_decode(_unwords(buf[a + b :], ut.nbytes), ut)
         s = (np.repeat(S, q.super_group_size // G) * s).astype(_F)
     mb = q.element.magnitude_bits
+    m = e.dec[codes & ((1 << mb) - 1)]
+    if q.dither:
+        keys = (rng.make_key(seed, *stream, rank, _P_ELEM), rng.make_key(seed, *stream, _P_PERM))
+        u = _uniforms(_MODE[q.rounding], keys, rank, world_size,
+                      index_offset + np.arange(npad, dtype=np.int64))
+        m = (m + (_F(q.dither_amplitude) * (u - _F(0.5))).astype(_F)).astype(_F)
     with np.errstate(invalid="ignore"):
-        v = (e.dec[codes & ((1 << mb) - 1)] * np.repeat(s, G)).astype(_F)
+        v = (m * np.repeat(s, G)).astype(_F)
     v = np.where((codes >> mb) & 1 == 1, -v, v)
     return v[:n].astype(_F)

@@ -277,7 +277,8 @@ def test_codec_options_are_the_ones_modelled_here():
     """The constants above are the options of ``dynamiq(widths=2/4/8,eps=0.25/0.19/0.09)`` and
     of ``dynamiq(widths=2/4/8,allocator=paper)`` in groups of 16 (the paper's configuration):
     the counterexamples apply to the codec."""
-    for codec, want in ((DynamiQ(widths="2/4/8", eps="0.25/0.19/0.09", group_size=16), MEASURED),
+    for codec, want in ((DynamiQ(widths="2/4/8", eps="0.25/0.19/0.09", group_size=16,
+                                 dither=False), MEASURED),
                         (DynamiQ(widths="2/4/8", allocator="paper", group_size=16), PAPER)):
         got = codec._options_full
         assert [(o.width, o.cost) for o in got] == [(o.width, o.cost) for o in want]

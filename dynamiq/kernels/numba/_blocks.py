@@ -19,6 +19,7 @@ from dynamiq.kernels.numba.codec import (
     UP,
     absmax,
     decode_scale,
+    draw_uniform,
     element_code,
     element_value,
     encode_scale,
@@ -39,6 +40,7 @@ SBYTES = 1
 SMODE = 2
 UKIND = 0
 UBYTES = 1
+DITHER = False
 # --- end spec ---
 
 GPB = BLOCK // GROUP  # groups per block
@@ -199,15 +201,23 @@ def block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre,
 
 
 @nb.njit(cache=True)
-def decode_block(dst, base, b, codes, scales, supers, tables):
-    """Decode block ``b`` into ``dst[base:base+BLOCK]``."""
+def decode_block(dst, base, b, codes, scales, supers, tables, consts, rand):
+    """Decode block ``b`` into ``dst[base:base+BLOCK]``.
+
+    ``consts`` and ``rand`` are those of the *encoder* of the payload: a dithered decoder
+    regenerates the uniform each element was rounded with (unused otherwise).
+    """
     edec, sdec, udec = tables[2], tables[4], tables[6]
+    kap = np.float32(consts[11])
+    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    gbase = rand[8] + b * BLOCK
     parent = np.float32(1.0)
     if HIER:
         parent = decode_scale(load_word(supers, b * UBYTES, UBYTES), UKIND, udec)
     for gi in range(GPB):
         g = b * GPB + gi
         gs = base + gi * GROUP
+        gidx = gbase + gi * GROUP
         s = decode_scale(load_word(scales, g * SBYTES, SBYTES), SKIND, sdec)
         if HIER:
             s = parent * s
@@ -216,8 +226,12 @@ def decode_block(dst, base, b, codes, scales, supers, tables):
             for k in range(GBYTES):
                 byte = np.uint64(codes[cpos + k])
                 for t in range(PER):
+                    j = k * PER + t
                     c = (byte >> np.uint64(t * BITS)) & CMASK
-                    dst[gs + k * PER + t] = element_value(c, edec, MBITS, s)
+                    u = np.float32(0.0)
+                    if DITHER:
+                        u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx + j)
+                    dst[gs + j] = element_value(c, edec, MBITS, s, DITHER, kap, u)
         else:
             acc = np.uint64(0)
             nacc = 0
@@ -227,7 +241,10 @@ def decode_block(dst, base, b, codes, scales, supers, tables):
                     acc |= np.uint64(codes[pos]) << np.uint64(nacc)
                     pos += 1
                     nacc += 8
-                dst[gs + j] = element_value(acc & CMASK, edec, MBITS, s)
+                u = np.float32(0.0)
+                if DITHER:
+                    u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx + j)
+                dst[gs + j] = element_value(acc & CMASK, edec, MBITS, s, DITHER, kap, u)
                 acc >>= np.uint64(BITS)
                 nacc -= BITS
 
@@ -274,10 +291,11 @@ def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand)
 
 
 @nb.njit(parallel=True, cache=True)
-def decode(out, tail, nfull, nblocks, codes, scales, supers, tables, accumulate):
+def decode(out, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand, accumulate):
     """Decode into ``out`` (``+=`` in float32 when ``accumulate``); partial block into ``tail``.
 
     Accumulation decodes each block into a scratch first, so the add loop is branch-free.
+    ``consts``/``rand`` are the encoder's (dithered decoding regenerates its uniforms).
     """
     nchunks = (nblocks + CHUNK - 1) // CHUNK
     for c in nb.prange(nchunks):
@@ -287,16 +305,16 @@ def decode(out, tail, nfull, nblocks, codes, scales, supers, tables, accumulate)
             base = b * BLOCK if full else b - b
             dst = out if full else tail
             if accumulate:
-                decode_block(t, b - b, b, codes, scales, supers, tables)
+                decode_block(t, b - b, b, codes, scales, supers, tables, consts, rand)
                 for j in range(BLOCK):
                     dst[base + j] += t[j]
             else:
-                decode_block(dst, base, b, codes, scales, supers, tables)
+                decode_block(dst, base, b, codes, scales, supers, tables, consts, rand)
 
 
 @nb.njit(parallel=True, cache=True)
-def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, tables, consts,
-               rand, writeback):
+def recompress(acc, tail, nfull, nblocks, nvalid, ic, isc, isu, codes, scales, supers, tables,
+               consts, rand, irand, writeback):
     """Fused ``decompress_accumulate_recompress``.
 
     Per task of ``CHUNK`` blocks, in one pass over the data: ``t = acc + decode(in)`` (float32,
@@ -321,7 +339,10 @@ def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, t
             base = b * BLOCK if full else b - b
             src = acc if full else tail
             tb = (b - b0) * BLOCK
-            decode_block(u, b - b, b, ic, isc, isu, tables)
+            decode_block(u, b - b, b, ic, isc, isu, tables, consts, irand)
+            if not full:
+                for j in range(nvalid - b * BLOCK, BLOCK):
+                    u[j] = np.float32(0.0)
             for j in range(BLOCK):
                 t[tb + j] = src[base + j] + u[j]
             block_scales(t, tb, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep,
@@ -339,4 +360,4 @@ def recompress(acc, tail, nfull, nblocks, ic, isc, isu, codes, scales, supers, t
             for b in range(b0, b1):
                 full = b < nfull
                 decode_block(acc if full else tail, b * BLOCK if full else b - b, b, codes,
-                             scales, supers, tables)
+                             scales, supers, tables, consts, rand)

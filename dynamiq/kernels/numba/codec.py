@@ -67,13 +67,14 @@ class KernelSpec(NamedTuple):
     smode: int  # NEAREST | STOCHASTIC | UP | DOWN
     ukind: int  # super scale kind
     ubytes: int  # bytes per super scale code
+    dither: bool = False  # decoding subtracts the encoder's dither (see element_value)
 
     def tag(self) -> str:
         """Readable, unique name of the variant (used for its generated module)."""
         return (
             f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
             f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
-            f"_u{self.ukind}x{self.ubytes}"
+            f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}"
         )
 
 
@@ -169,9 +170,19 @@ def element_code(v, inv, etab, enfin, lut, lshift, lkey0, llen, mbits, emode,
 
 
 @nb.njit(inline="always", cache=True)
-def element_value(c, edec, mbits, s):
-    """Decoded value of element code ``c`` under group scale ``s``."""
-    v = edec[c & np.uint64((1 << mbits) - 1)] * s
+def element_value(c, edec, mbits, s, dither, kap, u):
+    """Decoded value of element code ``c`` under group scale ``s``.
+
+    With ``dither``, the magnitude is ``edec[mag] + kap * (u - 1/2)`` where ``u`` is the uniform
+    the encoder rounded this element with (subtractive dithering): the correction has mean zero
+    whatever the level, so the value stays unbiased, and it cancels most of the rounding noise
+    (error variance ``E[Δ²]/6 - kap E[Δ]/6 + kap²/12`` instead of ``E[Δ²]/6`` for the level
+    gaps ``Δ``; ``kap = E[Δ]`` halves it for uniform levels).
+    """
+    m = edec[c & np.uint64((1 << mbits) - 1)]
+    if dither:
+        m = m + kap * (u - np.float32(0.5))
+    v = m * s
     return -v if (c >> np.uint64(mbits)) & np.uint64(1) else v
 
 
@@ -220,8 +231,9 @@ def absmax(src, start, count):
 # Runtime arguments travel as three tuples so that every kernel has a short, uniform signature
 # (built by dynamiq.quantizers):
 #   tables  = (etab, lut, edec, stab, sdec, utab, udec)       float32/int32 arrays
-#   consts  = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen)
-#             scale-format scalars, then the element table size and its bucket lookup
+#   consts  = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap)
+#             scale-format scalars, the element table size and its bucket lookup, and the
+#             dither amplitude (float32; used by dithered decoding only)
 #   rand    = (k0, k1, p0, p1, q0, q1, rank, world, offset)   random-number keys and position
 
 _TEMPLATE = Path(__file__).with_name("_blocks.py")

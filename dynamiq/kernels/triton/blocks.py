@@ -18,7 +18,7 @@ Runtime argument tensors (built by :mod:`dynamiq.kernels.triton.launch` from the
 
 * tables ``etab, lut, edec, stab, sdec, utab, udec`` (float32 / int32),
 * ``iconst`` int64 ``[snfin, slogp, snan, unfin, ulogp, unan, enfin, lshift, lkey0, llen]``,
-* ``fconst`` float32 ``[sdiv]``,
+* ``fconst`` float32 ``[sdiv, kap]`` (``kap``: the dither amplitude),
 * ``rand`` int64 ``[k0, k1, p0, p1, q0, q1, rank, world, offset]``.
 
 Scalars travel in tensors so that their values never select a compiled variant.
@@ -35,6 +35,7 @@ from dynamiq.kernels.triton.codec import (
     absmax,
     decode_scale,
     div_rn,
+    draw_uniform,
     element_code,
     element_value,
     encode_scale,
@@ -166,14 +167,28 @@ def element_codes(t, inv, pre, keep, grow, etab, lut, iconst, k0, k1, p0, p1, ra
 
 
 @triton.jit
-def decode_tile(c, scode, ucode, edec, sdec, udec, NB: tl.constexpr, GPB: tl.constexpr,
-                GROUP: tl.constexpr, MBITS: tl.constexpr, HIER: tl.constexpr,
-                SKIND: tl.constexpr, UKIND: tl.constexpr):
-    """float32 values ``[rows, GROUP]`` of codes ``c`` (flat) under the stored scale codes."""
+def decode_tile(c, scode, ucode, edec, sdec, udec, fconst, rand, grow, NB: tl.constexpr,
+                GPB: tl.constexpr, GROUP: tl.constexpr, MBITS: tl.constexpr, HIER: tl.constexpr,
+                SKIND: tl.constexpr, UKIND: tl.constexpr, EMODE: tl.constexpr,
+                DITHER: tl.constexpr):
+    """float32 values ``[rows, GROUP]`` of codes ``c`` (flat) under the stored scale codes.
+
+    ``rand`` holds the encoder's keys and ``fconst[1]`` the dither amplitude: a ``DITHER``
+    decoder regenerates the uniform each element was rounded with (numba ``decode_block``).
+    """
     s = decode_scale(scode, SKIND, sdec)
     if HIER:
         s = _per_row(decode_scale(ucode, UKIND, udec), NB, GPB) * s
-    return element_value(tl.reshape(c, (NB * GPB, GROUP)), edec, MBITS, s[:, None])
+    if DITHER:
+        k0, k1, p0, p1, q0, q1, rank, world, offset = _rand(rand)
+        gidx = offset + grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx)
+        kap = tl.load(fconst + 1)
+    else:
+        u = 0.0
+        kap = 0.0
+    return element_value(tl.reshape(c, (NB * GPB, GROUP)), edec, MBITS, s[:, None], DITHER,
+                         kap, u)
 
 
 @triton.jit
@@ -214,7 +229,7 @@ def encode_kernel(x, n, nblocks, codes, scales, supers, etab, lut, edec, stab, s
                   EMODE: tl.constexpr, GROUP: tl.constexpr, GPB: tl.constexpr,
                   HIER: tl.constexpr, SKIND: tl.constexpr, SBYTES: tl.constexpr,
                   SMODE: tl.constexpr, UKIND: tl.constexpr, UBYTES: tl.constexpr,
-                  NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr):
+                  NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr, DITHER: tl.constexpr):
     """Encode ``x`` (float32 ``[n]``) into the payload sections; numba ``encode``.
 
     ``codes`` / ``scales`` / ``supers`` are the uint8 sections of the payload buffer.
@@ -233,20 +248,22 @@ def encode_kernel(x, n, nblocks, codes, scales, supers, etab, lut, edec, stab, s
 
 
 @triton.jit
-def decode_kernel(out, n, nblocks, codes, scales, supers, edec, sdec, udec,
+def decode_kernel(out, n, nblocks, codes, scales, supers, edec, sdec, udec, fconst, rand,
                   BITS: tl.constexpr, MBITS: tl.constexpr, GROUP: tl.constexpr,
                   GPB: tl.constexpr, HIER: tl.constexpr, SKIND: tl.constexpr,
                   SBYTES: tl.constexpr, UKIND: tl.constexpr, UBYTES: tl.constexpr,
-                  NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr,
-                  ACCUMULATE: tl.constexpr):
+                  NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr, EMODE: tl.constexpr,
+                  DITHER: tl.constexpr, ACCUMULATE: tl.constexpr):
     """Decode the payload sections into ``out`` (float32 ``[n]``, ``+=`` when ``ACCUMULATE``).
 
-    Equivalent to numba ``decode``; the accumulation is ``out + value`` in float32.
+    Equivalent to numba ``decode``; the accumulation is ``out + value`` in float32. ``rand``
+    is the encoder's (dithered decoding).
     """
     b0, grow, blocks, bvalid = _tile(nblocks, NB, GPB)
     c, scode, ucode = _load_tile(codes, scales, supers, nblocks, b0, grow, blocks, bvalid, NB,
                                  GPB, GROUP, BITS, E, L, HIER, SBYTES, UBYTES)
-    v = decode_tile(c, scode, ucode, edec, sdec, udec, NB, GPB, GROUP, MBITS, HIER, SKIND, UKIND)
+    v = decode_tile(c, scode, ucode, edec, sdec, udec, fconst, rand, grow, NB, GPB, GROUP, MBITS,
+                    HIER, SKIND, UKIND, EMODE, DITHER)
     eidx = grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     emask = eidx < n
     if ACCUMULATE:
@@ -256,27 +273,31 @@ def decode_kernel(out, n, nblocks, codes, scales, supers, edec, sdec, udec,
 
 @triton.jit
 def recompress_kernel(acc, n, nblocks, icodes, iscales, isupers, codes, scales, supers, etab,
-                      lut, edec, stab, sdec, utab, udec, iconst, fconst, rand,
+                      lut, edec, stab, sdec, utab, udec, iconst, fconst, rand, irand,
                       BITS: tl.constexpr, MBITS: tl.constexpr, EMODE: tl.constexpr,
                       GROUP: tl.constexpr, GPB: tl.constexpr, HIER: tl.constexpr,
                       SKIND: tl.constexpr, SBYTES: tl.constexpr, SMODE: tl.constexpr,
                       UKIND: tl.constexpr, UBYTES: tl.constexpr, NB: tl.constexpr,
-                      E: tl.constexpr, L: tl.constexpr, WRITEBACK: tl.constexpr):
+                      E: tl.constexpr, L: tl.constexpr, DITHER: tl.constexpr,
+                      WRITEBACK: tl.constexpr):
     """Fused ``encode(acc + decode(incoming))``; numba ``recompress``.
 
     The incoming payload (``icodes/iscales/isupers``) is decoded, added to ``acc`` (``acc + u``
     in float32, padding read as 0), and the sum is encoded with fresh scales into
     ``codes/scales/supers``. ``WRITEBACK``: 0 leaves ``acc``, 1 stores the sum, 2 stores the
-    decoded outgoing values (what every receiver will decode).
+    decoded outgoing values (what every receiver will decode). ``irand`` holds the incoming
+    payload's encoder's keys.
     """
     b0, grow, blocks, bvalid = _tile(nblocks, NB, GPB)
     k0, k1, p0, p1, q0, q1, rank, world, offset = _rand(rand)
     ic, isc, isu = _load_tile(icodes, iscales, isupers, nblocks, b0, grow, blocks, bvalid, NB,
                               GPB, GROUP, BITS, E, L, HIER, SBYTES, UBYTES)
-    u = decode_tile(ic, isc, isu, edec, sdec, udec, NB, GPB, GROUP, MBITS, HIER, SKIND, UKIND)
+    u = decode_tile(ic, isc, isu, edec, sdec, udec, fconst, irand, grow, NB, GPB, GROUP, MBITS,
+                    HIER, SKIND, UKIND, EMODE, DITHER)
     eidx = grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     emask = eidx < n
-    t = tl.load(acc + eidx, mask=emask, other=0.0) + u
+    # the padding sums as zero whatever the incoming padding decodes to (dithered: not zero)
+    t = tl.load(acc + eidx, mask=emask, other=0.0) + tl.where(emask, u, 0.0)
     scode, ucode, inv, pre, keep = block_scales(t, grow, stab, sdec, utab, udec, iconst, fconst,
                                                 q0, q1, offset, NB, GPB, GROUP, HIER, SKIND,
                                                 SMODE, UKIND)
@@ -287,6 +308,7 @@ def recompress_kernel(acc, n, nblocks, icodes, iscales, isupers, codes, scales, 
     if WRITEBACK == 1:
         tl.store(acc + eidx, t, mask=emask)
     elif WRITEBACK == 2:
-        v = decode_tile(tl.reshape(c, (NB * GPB * GROUP,)), scode, ucode, edec, sdec, udec, NB,
-                        GPB, GROUP, MBITS, HIER, SKIND, UKIND)
+        v = decode_tile(tl.reshape(c, (NB * GPB * GROUP,)), scode, ucode, edec, sdec, udec,
+                        fconst, rand, grow, NB, GPB, GROUP, MBITS, HIER, SKIND, UKIND, EMODE,
+                        DITHER)
         tl.store(acc + eidx, v, mask=emask)

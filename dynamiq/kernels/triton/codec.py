@@ -213,14 +213,18 @@ def element_code(v, inv, etab, enfin, lut, lshift, lkey0, llen, MBITS: tl.conste
 
 
 @triton.jit
-def element_value(c, edec, MBITS: tl.constexpr, s):
+def element_value(c, edec, MBITS: tl.constexpr, s, DITHER: tl.constexpr, kap, u):
     """Decoded float32 values of element codes ``c`` (uint32) under scales ``s`` (broadcast).
 
-    Equivalent to numba ``element_value``: ``edec[c & mask] * s``, negated when the sign bit is
-    set.
+    Equivalent to numba ``element_value``: the magnitude ``edec[c & mask]`` (plus
+    ``kap * (u - 1/2)`` with ``DITHER``, ``u`` the encoder's uniforms), times ``s``, negated when
+    the sign bit is set.
     """
     mag = (c & ((1 << MBITS) - 1)).to(tl.int32)
-    v = tl.load(edec + mag) * s
+    m = tl.load(edec + mag)
+    if DITHER:
+        m = m + kap * (u - 0.5)
+    v = m * s
     return flip_sign(v, ((c >> MBITS) & 1) != 0)
 
 

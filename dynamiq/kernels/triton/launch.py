@@ -103,11 +103,11 @@ def _device_args(q: Any, device: torch.device) -> tuple[torch.Tensor, ...]:
     hit = _device_cache.get(key)
     if hit is not None and hit[0] is q._kernel_args:
         return hit[1]
-    snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen = consts
+    snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap = consts
     ints = [snfin, slogp, snan, unfin, ulogp, unan, enfin, lshift, lkey0, llen]
     arrays = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in tables]
     iconst = torch.tensor([int(v) for v in ints], dtype=torch.int64).to(device)
-    fconst = torch.from_numpy(np.asarray([sdiv], dtype=np.float32)).to(device)
+    fconst = torch.from_numpy(np.asarray([sdiv, kap], dtype=np.float32)).to(device)
     args = (*arrays, iconst, fconst)
     if len(_device_cache) > 256:
         _device_cache.clear()
@@ -129,7 +129,7 @@ def _spec_kwargs(q: Any, blocks_per_program: int | None,
         "BITS": spec.bits, "MBITS": spec.mbits, "GROUP": spec.group, "GPB": geo["GPB"],
         "HIER": bool(spec.hier), "SKIND": spec.skind, "SBYTES": spec.sbytes,
         "UKIND": spec.ukind, "UBYTES": spec.ubytes, "NB": geo["NB"], "E": geo["E"],
-        "L": geo["L"],
+        "L": geo["L"], "DITHER": bool(spec.dither), "EMODE": spec.emode,
     }
     return kw, spec.block, geo["NB"]
 
@@ -189,12 +189,13 @@ def encode(q: Any, x: torch.Tensor, rand: Sequence[int], out: torch.Tensor | Non
     codes, scales, supers = _sections(q, out, n)
     _launch(blocks.encode_kernel, (_cdiv(nblocks, nb),), x.device, x, n, nblocks, codes,
             scales, supers, *_device_args(q, x.device), _rand_tensor(rand, x.device),
-            EMODE=spec.emode, SMODE=spec.smode, **kw)
+            SMODE=spec.smode, **kw)
     return out
 
 
-def decode(q: Any, data: torch.Tensor, n: int, out: torch.Tensor | None = None, *,
-           accumulate: bool = False, blocks_per_program: int | None = None) -> torch.Tensor:
+def decode(q: Any, data: torch.Tensor, n: int, out: torch.Tensor | None = None,
+           rand: Sequence[int] | None = None, *, accumulate: bool = False,
+           blocks_per_program: int | None = None) -> torch.Tensor:
     """Decode a payload buffer; equivalent to the numba ``BlockQuantizer.decode``.
 
     Args:
@@ -202,6 +203,8 @@ def decode(q: Any, data: torch.Tensor, n: int, out: torch.Tensor | None = None, 
         data: uint8 ``[q.nbytes(n)]`` payload buffer (CUDA, or CPU under the interpreter).
         n: Number of coordinates.
         out: Optional float32 ``[n]`` on ``data``'s device to write (or add) into.
+        rand: The encoder's ``q._rand(...)`` (used by dithered quantizers only; default: the
+            keys of ``q._rand(0, 0, 1, (), 0)``).
         accumulate: Add the decoded values to ``out`` (``out + value`` in float32).
         blocks_per_program: Override of the tile size (a power of two).
 
@@ -220,14 +223,18 @@ def decode(q: Any, data: torch.Tensor, n: int, out: torch.Tensor | None = None, 
     kw, block, nb = _spec_kwargs(q, blocks_per_program, n)
     nblocks = -(-n // block)
     tables = _device_args(q, data.device)
-    edec, sdec, udec = tables[2], tables[4], tables[6]
+    edec, sdec, udec, fconst = tables[2], tables[4], tables[6], tables[8]
+    if rand is None:
+        rand = q._rand(0, 0, 1, (), 0)
     _launch(blocks.decode_kernel, (_cdiv(nblocks, nb),), data.device, out, n, nblocks,
-            *_sections(q, data, n), edec, sdec, udec, ACCUMULATE=bool(accumulate), **kw)
+            *_sections(q, data, n), edec, sdec, udec, fconst, _rand_tensor(rand, data.device),
+            ACCUMULATE=bool(accumulate), **kw)
     return out
 
 
 def recompress(q: Any, data: torch.Tensor, acc: torch.Tensor, rand: Sequence[int],
                writeback: str = "none", out: torch.Tensor | None = None, *,
+               irand: Sequence[int] | None = None,
                blocks_per_program: int | None = None) -> torch.Tensor:
     """Fused ``encode(acc + decode(data))``; equivalent to numba ``BlockQuantizer.recompress``.
 
@@ -239,6 +246,8 @@ def recompress(q: Any, data: torch.Tensor, acc: torch.Tensor, rand: Sequence[int
         rand: ``q._rand(seed, rank, world_size, stream, index_offset)``.
         writeback: ``"none"``, ``"sum"`` or ``"decoded"`` (see ``BlockQuantizer.recompress``).
         out: Optional uint8 ``[q.nbytes(n)]`` for the outgoing payload (must not be ``data``).
+        irand: The incoming payload's encoder's ``rand`` (dithered quantizers; default
+            ``rand``).
         blocks_per_program: Override of the tile size (a power of two).
 
     Returns:
@@ -263,8 +272,9 @@ def recompress(q: Any, data: torch.Tensor, acc: torch.Tensor, rand: Sequence[int
     nblocks = -(-n // block)
     _launch(blocks.recompress_kernel, (_cdiv(nblocks, nb),), acc.device, acc, n, nblocks,
             *_sections(q, data, n), *_sections(q, out, n), *_device_args(q, acc.device),
-            _rand_tensor(rand, acc.device), EMODE=spec.emode, SMODE=spec.smode,
-            WRITEBACK=_WRITEBACK[writeback], **kw)
+            _rand_tensor(rand, acc.device), _rand_tensor(rand if irand is None else irand,
+                                                         acc.device),
+            SMODE=spec.smode, WRITEBACK=_WRITEBACK[writeback], **kw)
     return out
 
 
