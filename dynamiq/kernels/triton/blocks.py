@@ -180,7 +180,7 @@ def decode_tile(c, scode, ucode, edec, sdec, udec, fconst, rand, grow, NB: tl.co
     if HIER:
         s = _per_row(decode_scale(ucode, UKIND, udec), NB, GPB) * s
     if DITHER:
-        k0, k1, p0, p1, q0, q1, rank, world, offset = _rand(rand)
+        k0, k1, p0, p1, _q0, _q1, rank, world, offset = _rand(rand)
         gidx = offset + grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx)
         kap = tl.load(fconst + 1)
