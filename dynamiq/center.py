@@ -38,26 +38,42 @@ def _per_coord(v: torch.Tensor, length: int) -> torch.Tensor:
 class Center(Transform):
     """Subtract the global per-super-group mean before the sum; add ``n`` times it after.
 
-    It needs the metadata statistic ``sum`` (one BF16 value per super-group and rank), so in a
-    pipeline it comes after every data-independent transform (e.g. ``rht+center+...``). The
-    codecs then see adjusted statistics: ``sum = 0`` and ``sumsq`` of the centered vectors
+    It needs a metadata statistic of the super-group sums, so in a pipeline it comes after every
+    data-independent transform (e.g. ``rht+center+...``). The codecs then see adjusted
+    statistics: the sums are 0 and ``sumsq`` is that of the centered vectors
     (:meth:`adjust_statistics`).
+
+    Args:
+        statistic: ``"sum8"`` (8 bits per super-group and rank: the mean is only subtracted and
+            added back, so its precision does not matter for correctness, and 1/16 relative is
+            plenty to remove it; the default, shared with ``dynamiq``'s default metadata) or
+            ``"sum"`` (BF16, the paper's; pair it with ``dynamiq(metadata=bf16)``).
     """
 
-    statistics = ("sum",)
+    statistic: str = "sum8"
+
+    def __post_init__(self) -> None:
+        if self.statistic not in ("sum", "sum8"):
+            raise ValueError(f"statistic must be 'sum' or 'sum8', got {self.statistic!r}")
+
+    @property
+    def statistics(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The metadata statistic this transform needs."""
+        return (self.statistic,)
 
     def padded_length(self, n: int) -> int:
         """Return ``n`` (no padding)."""
         return n
 
-    @staticmethod
-    def _mean(stats: Mapping[str, torch.Tensor] | None, world_size: int, length: int
+    def _mean(self, stats: Mapping[str, torch.Tensor] | None, world_size: int, length: int
               ) -> torch.Tensor:
-        if stats is None or "sum" not in stats:
-            raise ValueError("center needs the metadata statistic 'sum' (run it in a pipeline)")
-        s = stats["sum"]
+        name = self.statistic
+        if stats is None or name not in stats:
+            raise ValueError(f"center needs the metadata statistic {name!r} (run it in a "
+                             "pipeline)")
+        s = stats[name]
         if s.numel() != -(-length // SUPER_GROUP):
-            raise ValueError(f"'sum' has {s.numel()} super-groups, the vector {length} values")
+            raise ValueError(f"{name!r} has {s.numel()} super-groups, the vector {length} values")
         return (s / (world_size * _counts(length))).float()
 
     def forward(self, x: torch.Tensor, *, step: int = 0,
@@ -104,8 +120,10 @@ class Center(Transform):
         centered sums are zero. Statistics of other kinds pass through unchanged.
         """
         out = dict(stats)
-        s = stats["sum"]
+        s = stats[self.statistic]
         if "sumsq" in stats:
             out["sumsq"] = (stats["sumsq"] - s * s / (world_size * _counts(length))).clamp_min(0)
-        out["sum"] = torch.zeros_like(s)
+        for name in ("sum", "sum8"):  # the centered vectors sum to zero, whichever measures it
+            if name in stats:
+                out[name] = torch.zeros_like(stats[name])
         return out

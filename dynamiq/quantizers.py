@@ -135,8 +135,8 @@ class BlockQuantizer:
             numbers under the encoder's keys, nothing extra on the wire) and decodes the
             magnitude ``level + κ (u - 1/2)`` (``κ`` = :attr:`dither_amplitude`). Still unbiased,
             with about half the rounding noise of plain stochastic rounding. Decoding must be
-            given the encoder's ``seed``/``rank``/``world_size``/``stream``/``index_offset``; other
-            keys still give an unbiased value, only a noisier one.
+            given the encoder's ``seed``/``rank``/``world_size``/``stream``/``index_offset``:
+            with other keys each value is off by up to ``κ/2`` of its scale.
 
     Example:
         >>> q = BlockQuantizer("e4m3", group_size=32, scale="e8m0", scale_rounding="ocp")
@@ -542,8 +542,10 @@ class BlockQuantizer:
         return result
 
     def roundtrip(self, x: torch.Tensor, **kw: object) -> torch.Tensor:
-        """``decode(encode(x, **kw))``: the quantized value of ``x`` (float32)."""
-        return self.decode(self.encode(x, **kw))  # type: ignore[arg-type]
+        """``decode(encode(x, **kw), **keys)``: the quantized value of ``x`` (float32), decoded
+        under the encoder's random-number keys (``kw`` without ``out``)."""
+        keys = {k: v for k, v in kw.items() if k not in ("out",)}
+        return self.decode(self.encode(x, **kw), **keys)  # type: ignore[arg-type]
 
     def level_gap(self) -> float:
         """Largest gap between neighbouring element magnitudes, relative to ``max_value``."""
@@ -583,6 +585,14 @@ for _b in (2, 4, 8):
         BlockQuantizer(f"dq{_b}", group_size=16, scale="u8rel", rounding="stochastic",
                        scale_rounding="stochastic", super_group_size=256, super_scale="bf16"),
     )
+# the DynamiQ codec's default coding of one width: groups of 32, power-of-two super-group
+# scales, correlated rounding decoded with subtractive dithering
+QUANTIZERS.register(
+    "dq4_dither",
+    BlockQuantizer("dq4", group_size=32, scale="u8rel", rounding="correlated",
+                   scale_rounding="stochastic", super_group_size=256, super_scale="e8m0",
+                   dither=True),
+)
 
 
 def get_quantizer(q: str | BlockQuantizer) -> BlockQuantizer:

@@ -82,7 +82,8 @@ def element_error_bound(q: BlockQuantizer, x: np.ndarray, scales: np.ndarray) ->
     neighbouring levels at most ``gap`` apart (``gap/2`` when rounding to nearest), times the
     decoded scale ``s``. With stochastic scales the element is normalised by the exact
     ``s* = amax / max_level``, adding ``max_level * |s - s*|``; with deterministic scales values
-    above ``max_level * s`` saturate, adding the excess. A float32 slack of a few ulps is added.
+    above ``max_level * s`` saturate, adding the excess; dithered decoding adds ``κ s / 2``. A
+    float32 slack of a few ulps is added.
 
     Args:
         q: The quantizer.
@@ -107,6 +108,8 @@ def element_error_bound(q: BlockQuantizer, x: np.ndarray, scales: np.ndarray) ->
         bound += mx * np.abs(s - sstar)
     else:
         bound += np.maximum(0.0, xp - mx * s)
+    if q.dither:  # the subtracted dither moves a decoded magnitude by at most κ/2
+        bound += 0.5 * q.dither_amplitude * s
     slack = 2.0**-20 * (xp + mx * s)
     return (bound + slack)[:n]
 
@@ -118,7 +121,8 @@ def check_quantizer(q: str | BlockQuantizer, *, seed: int = 0) -> None:
       with and without a partial last block;
     * the Numba kernels write exactly the bytes of the NumPy reference, and decode to its values;
     * every element's error is within :func:`element_error_bound`;
-    * zeros stay exact zeros; a group (or super-group) holding NaN/Inf decodes to NaN and every
+    * zeros stay exact zeros (a dithered quantizer's only on average); a group (or
+      super-group) holding NaN/Inf decodes to NaN and every
       other block stays finite.
 
     Raises:
@@ -137,15 +141,17 @@ def check_quantizer(q: str | BlockQuantizer, *, seed: int = 0) -> None:
         assert p.bits_per_coord == 8 * q.nbytes(n) / n == q.bits_per_coord(n)
         ref_bytes, scales = reference.encode(q, x, **kw)
         assert np.array_equal(p.data.numpy(), ref_bytes), f"{q.describe()}: bytes != reference"
-        y = q.decode(p).numpy()
-        assert np.array_equal(y, reference.decode(q, ref_bytes, n)), f"{q.describe()}: decode"
+        y = q.decode(p, **kw).numpy()
+        assert np.array_equal(y, reference.decode(q, ref_bytes, n, **kw)), (
+            f"{q.describe()}: decode")
         err = np.abs(y.astype(np.float64) - x)
         bound = element_error_bound(q, x, scales)
         worst = int(np.argmax(err - bound))
         assert err[worst] <= bound[worst], (
             f"{q.describe()}: element {worst} error {err[worst]:.3g} > bound {bound[worst]:.3g}"
         )
-        assert np.all(y[x == 0] == 0), f"{q.describe()}: zeros not preserved"
+        if not q.dither:  # a dithered zero is zero only on average
+            assert np.all(y[x == 0] == 0), f"{q.describe()}: zeros not preserved"
     n = 4 * B
     x = rs.standard_normal(n).astype(np.float32)
     x[B + 1] = np.nan

@@ -40,19 +40,26 @@ DEFAULT_METHODS = ("dynamiq", "dynamiq-paper", "bf16", "mxfp8", "mxfp6", "mxfp4"
                    "thc", "omnireduce")
 
 #: The ablation of DYNAMIQ.md §4, each step adding one ingredient, all at 5 bits/coordinate (a
-#: fixed 4-bit width with a BF16 scale per group of 16 costs exactly 5). In a ring, correlated
-#: rounding cannot lower the error of an unbiased pipeline (each coordinate is rounded once per
-#: tree height, and roundings along one path are uncorrelated martingale steps): that step is
-#: expected to be neutral there and to help on trees with several nodes per height (butterfly).
+#: fixed 4-bit width with a BF16 scale per group of 16 costs exactly 5), then the steps by which
+#: the default goes beyond the paper. In a ring, correlated rounding cannot lower the error of an
+#: unbiased pipeline (each coordinate is rounded once per tree height, and roundings along one
+#: path are uncorrelated martingale steps): that step is expected to be neutral there and to help
+#: only on trees with several nodes per height holding similar values.
+_PAPER_META = "dither=false,metadata=bf16"
 ABLATION: tuple[tuple[str, str], ...] = (
     ("uniform levels",
-     "dynamiq(widths=4,levels=uniform,scales=flat,rounding=stochastic,group_size=16)"),
-    ("ε-levels", "dynamiq(widths=4,scales=flat,rounding=stochastic,group_size=16)"),
+     "dynamiq(widths=4,levels=uniform,scales=flat,rounding=stochastic,group_size=16,"
+     "dither=false)"),
+    ("ε-levels", "dynamiq(widths=4,scales=flat,rounding=stochastic,group_size=16,dither=false)"),
     ("+ variable widths (+ centering)",
-     "center+dynamiq(scales=flat,rounding=stochastic,group_size=16)"),
-    ("+ hierarchical scales", "center+dynamiq(rounding=stochastic,group_size=16)"),
-    ("+ correlated rounding", "center+dynamiq(group_size=16)"),
-    ("+ groups of 32 (default)", "center+dynamiq"),
+     f"center(statistic=sum)+dynamiq(scales=flat,rounding=stochastic,group_size=16,"
+     f"{_PAPER_META})"),
+    ("+ hierarchical scales",
+     f"center(statistic=sum)+dynamiq(rounding=stochastic,group_size=16,{_PAPER_META})"),
+    ("+ correlated rounding", f"center(statistic=sum)+dynamiq(group_size=16,{_PAPER_META})"),
+    ("+ groups of 32", f"center(statistic=sum)+dynamiq({_PAPER_META})"),
+    ("+ dithered decoding", "center(statistic=sum)+dynamiq(metadata=bf16)"),
+    ("+ 8-bit metadata (default)", "center+dynamiq"),
 )
 
 #: Budgets of the sweep (bits per coordinate).

@@ -63,10 +63,8 @@ def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float
     return np.argmin(obj, axis=1)
 
 
-def _total(choice: np.ndarray, cost: np.ndarray, weight: np.ndarray | None = None) -> float:
-    if weight is None:
-        return float(cost[choice].sum())
-    return float((cost[choice] * weight).sum())
+def _total(choice: np.ndarray, cost: np.ndarray) -> float:
+    return float(cost[choice].sum())
 
 
 def _hull_steps(e: float, a: int, b: int, err: np.ndarray, cost: np.ndarray
@@ -89,18 +87,14 @@ def _hull_steps(e: float, a: int, b: int, err: np.ndarray, cost: np.ndarray
     return steps
 
 
-def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict,
-             weights: np.ndarray | None = None) -> np.ndarray:
+def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict
+             ) -> np.ndarray:
     """Widths per super-group that fit ``budget`` bits and minimise the modelled error.
 
     Args:
-        energy: float64 ``[m]`` per-item energies (identical on every rank).
+        energy: float64 ``[m]`` per-super-group energies (identical on every rank).
         options: Candidate widths sorted by increasing cost (at least one).
-        budget: Bits available for the ``m`` items (model costs).
-        weights: Optional float64 ``[m]`` multiplicities: item ``j`` costs ``weights[j] · c(w)``
-            bits and models ``weights[j] · energy[j] · v(w)`` error (e.g. a message sent that
-            many times). Each item's Lagrangian choice does not depend on its weight; the
-            budget counts it. ``None``: all 1.
+        budget: Bits available for the ``m`` super-groups (model costs).
         state: Warm-start state; ``state["log2_lambda"]`` (relative to the largest energy, so
             it carries over between calls whatever the gradients' scale) is read and updated.
 
@@ -113,19 +107,15 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     energy = np.nan_to_num(np.asarray(energy, dtype=np.float64), nan=0.0, posinf=np.inf)
     energy = np.maximum(energy, 0.0)
     m = energy.size
-    if weights is not None:
-        weights = np.asarray(weights, dtype=np.float64)
-        if weights.shape != energy.shape or not (np.isfinite(weights) & (weights >= 0)).all():
-            raise ValueError("weights must be finite, non-negative and shaped like energy")
     cost = np.array([o.cost for o in options])
     err = np.array([o.error for o in options])
     if m == 0:
         return np.zeros(0, dtype=np.int64)
     cheapest = np.zeros(m, dtype=np.int64)
-    if _total(cheapest, cost, weights) >= budget or len(options) == 1:
+    if _total(cheapest, cost) >= budget or len(options) == 1:
         return cheapest
     best = np.full(m, int(np.argmin(err)), dtype=np.int64)
-    if _total(best, cost, weights) <= budget:
+    if _total(best, cost) <= budget:
         return best
     # the allocation only depends on energy ratios: normalise so λ stays in a fixed range
     # (an infinite energy is "more than anything else": it ranks first)
@@ -135,7 +125,7 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
 
     def fits(log_lam: float) -> tuple[bool, np.ndarray]:
         ch = lagrangian_choice(e, options, float(np.exp2(log_lam)))
-        return _total(ch, cost, weights) <= budget, ch
+        return _total(ch, cost) <= budget, ch
 
     lo_lim, hi_lim = -1100.0, 128.0  # λ beyond these: every choice is the cheapest / the best
     start = float(np.clip(state.get("log2_lambda", -np.log2(max(cost.mean(), 1.0))),
@@ -192,11 +182,9 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
                                                        int(lo_ch[j]), err, cost)):
                 steps.append((-lam, int(j), k, nxt))
         steps.sort()
-        left = budget - _total(result, cost, weights)
+        left = budget - _total(result, cost)
         for _, j, _, nxt in steps:
             extra = cost[nxt] - cost[result[j]]
-            if weights is not None:
-                extra *= weights[j]
             if extra > left:
                 break
             result[j] = nxt

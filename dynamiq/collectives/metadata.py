@@ -8,11 +8,20 @@ them across ranks in one small exchange before the main all-reduce (a sum for ad
 statistics, a max for ``absmax``), so every rank sees the same global values; they reach the
 codecs through :class:`~dynamiq.codecs.HopContext`.
 
-**What travels.** Every rank's values are rounded to BF16 before the exchange (DYNAMIQ.md §2.2:
-two BF16 values per super-group), additive ones to nearest, maxima upwards so that they stay
-bounds. The exchange carries them in float64 containers, where the sum of ``n`` BF16 values is
+**What travels.** Every rank's values are rounded to their statistic's wire format before the
+exchange, additive ones to nearest, maxima upwards so that they stay bounds:
+
+* ``"bf16"`` (DYNAMIQ.md §2.2: two BF16 values per super-group), 16 bits per value;
+* ``"fp8"`` (:func:`round_fp8`): 3 mantissa bits and 4 exponent bits plus a sign (5 exponent
+  bits for a non-negative statistic) under a power-of-two shift that each rank picks per vector
+  from its own largest value (so 16, resp. 32, binades below it are covered, and smaller values
+  round to multiples of the lowest step), 8 bits per value plus one shift byte per vector.
+  The statistics DynamiQ's allocation and centering need are well served by 8 bits (a
+  relative error of at most 1/16), at half the cost.
+
+The exchange carries the values in float64 containers, where the sum of ``n`` such values is
 exact unless their exponents span more than 45 binades; so every executor (and every order of
-summation) obtains the same global values. The wire cost is accounted at 16 bits per value
+summation) obtains the same global values. The wire cost is accounted per format
 (:func:`metadata_bits`).
 """
 
@@ -34,12 +43,16 @@ __all__ = [
     "local_statistics",
     "metadata_bits",
     "round_bf16",
+    "round_fp8",
 ]
 
 #: Coordinates per super-group over which the built-in statistics are taken.
 SUPER_GROUP = 256
 
 _REDUCES = ("sum", "max")
+_WIRES = {"bf16": 16, "fp8": 8}
+#: fp8 statistics: mantissa bits and exponent values (4 exponent bits) under the shift
+_FP8_MANT = 3
 
 
 @dataclass(frozen=True)
@@ -50,17 +63,42 @@ class Statistic:
         reduce: ``"sum"`` or ``"max"`` across ranks.
         local: float64 ``[blocks, block]`` (zero-padded) → float64 ``[blocks]`` on one rank.
         block: Coordinates per block (a power of two).
+        wire: How each value travels: ``"bf16"`` or ``"fp8"`` (see the module doc).
+        kernel: Name of the Triton statistics kernel's operation computing :attr:`local`
+            (``None``: the statistic's own name when the kernel has it, else torch).
+        signed: Whether values may be negative (an ``"fp8"`` statistic that cannot spends its
+            sign bit on exponent range).
     """
 
     reduce: str
     local: Callable[[torch.Tensor], torch.Tensor]
     block: int = SUPER_GROUP
+    wire: str = "bf16"
+    kernel: str | None = None
+    signed: bool = True
 
     def __post_init__(self) -> None:
         if self.reduce not in _REDUCES:
             raise ValueError(f"reduce must be one of {_REDUCES}, got {self.reduce!r}")
         if self.block < 1 or self.block & (self.block - 1):
             raise ValueError(f"block must be a power of two, got {self.block!r}")
+        if self.wire not in _WIRES:
+            raise ValueError(f"wire must be one of {tuple(_WIRES)}, got {self.wire!r}")
+        if self.wire == "fp8" and self.reduce == "max":
+            raise ValueError("fp8 statistics are additive ones (maxima travel as bf16)")
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        """One rank's float64 values as they travel (rounded to :attr:`wire`)."""
+        if self.wire == "fp8":
+            # a non-negative statistic (an energy) keeps non-zero values non-zero, so that
+            # a super-group with energy is never taken for an empty one
+            return round_fp8(t, exponents=16 if self.signed else 32, keep_nonzero=not self.signed)
+        return round_bf16(t, up=self.reduce == "max")
+
+    def bits(self, length: int) -> int:
+        """Wire bits of this statistic for a vector of ``length`` (one rank)."""
+        per = _WIRES[self.wire] * self.blocks(length)
+        return per + 8 if self.wire == "fp8" else per
 
     def blocks(self, length: int) -> int:
         """Number of values for a vector of ``length`` coordinates."""
@@ -74,6 +112,11 @@ STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1)))
 # sum of squares about the rank's own block mean: no cancellation when the mean dominates
 STATISTICS.register(
     "csumsq", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1))
+)
+STATISTICS.register("sum8", Statistic("sum", lambda g: g.sum(1), wire="fp8", kernel="sum"))
+STATISTICS.register(
+    "csumsq8", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1), wire="fp8",
+                         signed=False)
 )
 STATISTICS.register("absmax32", Statistic("max", lambda g: g.abs().amax(1), block=32))
 STATISTICS.register("absmax16", Statistic("max", lambda g: g.abs().amax(1), block=16))
@@ -100,12 +143,43 @@ def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
     return b.double()
 
 
+def round_fp8(t: torch.Tensor, exponents: int = 16, keep_nonzero: bool = False) -> torch.Tensor:
+    """float64 → the ``"fp8"`` wire values: 3 mantissa bits, ``exponents`` binades under a shift.
+
+    The shift is the exponent of the largest finite magnitude in ``t`` (one rank's vector):
+    values keep 4 significant bits (ties to even) down to ``exponents - 1`` binades below it;
+    smaller ones round to multiples of the lowest binade's step (so they may become 0). Every
+    result is a float64 with at most 4 significant bits, hence sums of them are exact.
+
+    Args:
+        t: float64 tensor.
+        exponents: Binades covered: 16 (sign + 4 exponent bits) or 32 (5 exponent bits, for
+            non-negative values).
+        keep_nonzero: Round non-zero values that would become 0 to the lowest step instead.
+
+    Returns:
+        float64 tensor, same shape (non-finite values pass through).
+    """
+    finite = torch.isfinite(t)
+    a = torch.where(finite, t.abs(), torch.zeros_like(t))
+    if a.numel() == 0 or float(a.max()) == 0.0:
+        return t.clone()
+    top = int(torch.frexp(a.max()).exponent) - 1  # floor(log2 max)
+    lowest = top + 2 - exponents  # the top binade may be reached by rounding up
+    e = torch.frexp(torch.where(a > 0, a, torch.ones_like(a))).exponent - 1
+    step = torch.ldexp(torch.ones_like(t), e.clamp_min(lowest) - _FP8_MANT)
+    r = torch.round(t / step) * step
+    if keep_nonzero:
+        r = torch.where((r == 0) & (t != 0), torch.sign(t) * step, r)
+    return torch.where(finite, r, t)
+
+
 def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto"
                      ) -> dict[str, torch.Tensor]:
-    """This rank's statistics as they travel: name → float64 ``[blocks]`` of BF16 values.
+    """This rank's statistics as they travel: name → float64 ``[blocks]`` of wire values.
 
     ``y`` (float32, 1-D) is zero-padded to whole blocks; sums are taken in float64 and then
-    rounded to BF16 (maxima upwards).
+    rounded to the statistic's wire format (:meth:`Statistic.round`; maxima upwards).
 
     Args:
         names: Statistic names in :data:`STATISTICS`.
@@ -125,10 +199,18 @@ def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto
     if names and resolve_backend(backend, y.device) == "triton":
         from dynamiq.kernels.triton import stats as tstats
 
-        fast = [n for n in names if n in tstats.OPS and STATISTICS[n] is _BUILTIN.get(n)]
+        fast = [n for n in names if n in tstats.OPS and STATISTICS[n] is _BUILTIN.get(n)
+                and STATISTICS[n].wire == "bf16"]
         if fast:
             done = {k: v.cpu() for k, v in
                     tstats.local_statistics(fast, y.detach().contiguous()).items()}
+        # the others the kernel can take: unrounded float64 sums, rounded here
+        ops = {n: STATISTICS[n].kernel for n in names if n not in done
+               and STATISTICS[n] is _BUILTIN.get(n) and STATISTICS[n].kernel in tstats.OPS}
+        if ops:
+            raw = tstats.local_statistics(sorted(set(ops.values())), y.detach().contiguous(),
+                                          rounded=False)
+            done.update({n: STATISTICS[n].round(raw[op].cpu()) for n, op in ops.items()})
     if not done:
         return _torch_statistics(names, y)
     rest = _torch_statistics([n for n in names if n not in done], y)
@@ -146,7 +228,7 @@ def _torch_statistics(names: list[str], y: torch.Tensor) -> dict[str, torch.Tens
         nb = st.blocks(y64.numel())
         g = torch.zeros(nb * st.block, dtype=torch.float64)
         g[: y64.numel()] = y64
-        out[name] = round_bf16(st.local(g.view(nb, st.block)), up=st.reduce == "max")
+        out[name] = st.round(st.local(g.view(nb, st.block)))
     return out
 
 
@@ -173,5 +255,6 @@ def combine(per_rank: list[Mapping[str, torch.Tensor]], reduces: Mapping[str, st
 
 
 def metadata_bits(names: Iterable[str], length: int) -> int:
-    """Bits per rank that the statistics ``names`` cost for a vector of ``length`` (16 each)."""
-    return sum(16 * STATISTICS[n].blocks(length) for n in names)
+    """Bits per rank that the statistics ``names`` cost for a vector of ``length``
+    (:meth:`Statistic.bits`: 16 per BF16 value; 8 per fp8 value plus a shift byte)."""
+    return sum(STATISTICS[n].bits(length) for n in names)

@@ -74,7 +74,8 @@ class P2PStats:
         metadata_bytes: Bytes of the tensors all-reduced before the exchange (the call
             fingerprint, plus the metadata values in their float64 containers).
         metadata_bits: The metadata phase's cost as accounted in ``b̄`` (16 bits per BF16
-            statistic value; see :mod:`dynamiq.collectives.metadata`).
+            statistic value, 8 per fp8 one plus a shift byte; see
+            :mod:`dynamiq.collectives.metadata`).
         seconds: Wall time of the call on this rank.
         stats: The global per-block statistics of the metadata phase (or ``None``).
     """

@@ -278,8 +278,9 @@ def test_codec_options_are_the_ones_modelled_here():
     of ``dynamiq(widths=2/4/8,allocator=paper)`` in groups of 16 (the paper's configuration):
     the counterexamples apply to the codec."""
     for codec, want in ((DynamiQ(widths="2/4/8", eps="0.25/0.19/0.09", group_size=16,
-                                 dither=False), MEASURED),
-                        (DynamiQ(widths="2/4/8", allocator="paper", group_size=16), PAPER)):
+                                 dither=False, super_scale="bf16"), MEASURED),
+                        (DynamiQ(widths="2/4/8", allocator="paper", group_size=16,
+                                 super_scale="bf16"), PAPER)):
         got = codec._options_full
         assert [(o.width, o.cost) for o in got] == [(o.width, o.cost) for o in want]
         # measured errors are float64 sums whose last bit may depend on the thread count
@@ -288,14 +289,14 @@ def test_codec_options_are_the_ones_modelled_here():
 
 @pytest.mark.parametrize("start", [None, -30.0, -10.0, 10.0])
 def test_default_codec_gives_equal_energies_equal_widths(start):
-    """The default codec (widths 2/3/4/5/6/8) through its public ``prepare``: two super-groups
-    of equal energy, budget 2 × the 5-bit cost (2848 bits, i.e. bits = 5.6875 on 512
-    coordinates with 64 bits of metadata). The optimum is [5, 5] from every warm start (an
-    earlier settle step returned [6, 4], [4, 4] or [8, 2] depending on the start)."""
-    codec = DynamiQ(bits=5.6875)
+    """The default codec (widths 2-8) through its public ``prepare``: two super-groups of equal
+    energy, budget 2 × the 5-bit cost (2720 bits, i.e. bits = 5.40625 on 512 coordinates with
+    48 bits of fp8 metadata). The optimum is [5, 5] from every warm start (an earlier settle step
+    returned [6, 4], [4, 4] or [8, 2] depending on the start)."""
+    codec = DynamiQ(bits=5.40625)
     state = {} if start is None else {"log2_lambda": start}
-    stats = {"sum": torch.zeros(2, dtype=torch.float64),
-             "csumsq": torch.ones(2, dtype=torch.float64)}
+    stats = {"sum8": torch.zeros(2, dtype=torch.float64),
+             "csumsq8": torch.ones(2, dtype=torch.float64)}
     plan = codec.prepare(stats, 2 * 256, 4, state)
-    assert plan.budget_bits == 2848.0
+    assert plan.budget_bits == 2720.0
     assert [codec.width_list[i] for i in plan.choice] == [5, 5]

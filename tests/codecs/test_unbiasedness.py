@@ -180,7 +180,8 @@ def _two_hop_z(rounding: str, calls: int = 2000, shared_stream: bool = False) ->
         s0, s1 = ((c,), (c,)) if shared_stream else ((c, 0, 0), (c, 0, 1))
         payload = q.encode(x0, rank=0, world_size=2, stream=s0)
         acc = x1.clone()
-        q.recompress(payload, acc, writeback="decoded", rank=1, world_size=2, stream=s1)
+        q.recompress(payload, acc, writeback="decoded", rank=1, world_size=2, stream=s1,
+                     in_rank=0, in_stream=s0)
         errors[c] = (acc.double() - exact).numpy()
     return _z(errors)
 

@@ -141,10 +141,19 @@ def test_bad_parameters_raise_value_error(spec, match):
 
 def test_bits_floor_is_the_cheapest_width_plus_metadata():
     # width 2 with hierarchical scales in groups of 32: 2 + 8/32 + 16/256 = 2.3125 bits, plus
-    # the metadata phase's two BF16 statistics per super-group (32/256 = 0.125)
-    DynamiQ(bits=2.4375)
+    # the metadata phase's two 8-bit statistics per super-group (16/256 = 0.0625) and their
+    # shift bytes (16 bits per vector, counted over 1024 super-groups)
+    floor = 2.3125 + 0.0625 + 16 / (1024 * 256)
+    DynamiQ(bits=floor + 1e-9)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.4374)
+        DynamiQ(bits=floor - 1e-6)
+    # the paper's BF16 metadata: + 32/256; a power-of-two super-group scale: − 8/256
+    DynamiQ(bits=2.4375, metadata="bf16")
+    with pytest.raises(ValueError):
+        DynamiQ(bits=2.4374, metadata="bf16")
+    DynamiQ(bits=2.40625, metadata="bf16", super_scale="e8m0")
+    with pytest.raises(ValueError):
+        DynamiQ(bits=2.4062, metadata="bf16", super_scale="e8m0")
     DynamiQ(widths="4", bits=4.3125)  # one width: no allocation, no metadata
     with pytest.raises(ValueError):
         DynamiQ(widths="4", bits=4.31)
@@ -173,7 +182,8 @@ def test_reported_bits_fill_the_budget(budget, topology):
     assert budget - res.bits < upgrade / D
     plan = codec.prepare(res.stats, D, n, {})
     assert res.bits == (plan.used_bits + res.metadata_bits) / D
-    assert res.metadata_bits == 2 * 16 * (D // SG)
+    # two fp8 statistics per super-group and a shift byte each per rank
+    assert res.metadata_bits == 2 * (8 * (D // SG) + 8)
     for r in range(1, n):
         assert _same(res.results[r], res.results[0]), r
 
@@ -257,14 +267,14 @@ def test_partial_last_super_group_all_ranks_agree(topology):
 @pytest.mark.parametrize("spec", ["center+dynamiq@ring", "dynamiq@butterfly",
                                   "center+dynamiq(widths=2/4/8/16)@butterfly"])
 def test_zeros_stay_exact_zeros(spec):
-    """All-zero inputs decode to exact zeros; zero energies leave every super-group at the
-    cheapest width (2 bits in groups of 32: 592 wire bits per super-group, plus 32 bits of
-    metadata)."""
+    """All-zero inputs decode to exact zeros (dithering included: a zero group has scale 0);
+    zero energies leave every super-group at the cheapest width (2 bits in groups of 32: 592
+    wire bits per super-group, plus 16 bits of metadata and two shift bytes per vector)."""
     d = 3000
     res = simulate(spec, torch.zeros(4, d))
     assert (res.results == 0).all()
     m = -(-d // SG)
-    assert res.bits == (m * 592 + m * 32) / d
+    assert res.bits == (m * 592 + m * 16 + 16) / d
 
 
 @pytest.mark.parametrize("topology", ["ring", "butterfly"])
@@ -569,7 +579,7 @@ def test_adjust_statistics_is_the_centered_sum_of_squares():
     counts = torch.tensor([SG] * (m - 1) + [d - (m - 1) * SG], dtype=torch.float64)
     stats = {"sum": blocks.sum((0, 2)), "sumsq": (blocks**2).sum((0, 2)),
              "absmax": blocks.abs().amax((0, 2))}
-    out = Center().adjust_statistics(stats, n, d)
+    out = Center(statistic="sum").adjust_statistics(stats, n, d)
     mu = stats["sum"] / (n * counts)
     mask = torch.zeros(m, SG, dtype=torch.bool).view(-1)
     mask[:d] = True
@@ -592,6 +602,6 @@ def test_centered_energies_seen_by_the_codec_are_accurate():
     mu = blocks.sum((0, 2)) / (n * SG)
     true = ((blocks - mu[None, :, None]) ** 2).sum((0, 2))
     # the codec's energy: each rank's spread about its own mean (centering zeroed the sums)
-    assert not res.stats["sum"].any()
-    ratio = res.stats["csumsq"] / true
+    assert not res.stats["sum8"].any()
+    ratio = res.stats["csumsq8"] / true
     assert ((ratio > 0.5) & (ratio < 2.0)).all(), ratio

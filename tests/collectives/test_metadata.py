@@ -7,15 +7,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dynamiq import Passthrough, Pipeline, simulate
 from dynamiq.collectives.metadata import (
     STATISTICS,
     SUPER_GROUP,
+    Statistic,
     combine,
     local_statistics,
     metadata_bits,
     round_bf16,
+    round_fp8,
 )
 
 SEEN: list = []
@@ -60,6 +64,55 @@ def test_registry_and_local_statistics():
     # maxima round upwards, to the next BF16 value at most
     assert np.all(loc["absmax"].numpy() >= amax) and np.all(loc["absmax"].numpy() <= amax * 1.008)
     assert metadata_bits(["sum", "absmax32"], 700) == 16 * (3 + 22)
+
+
+def _fp8_ok(t: torch.Tensor, r: torch.Tensor, exponents: int) -> None:
+    top = float(t.abs().max())
+    floor = 2.0 ** (np.floor(np.log2(top)) + 2 - exponents)  # the lowest binade
+    for v, w in zip(t.tolist(), r.tolist()):
+        if abs(v) >= floor:
+            assert abs(w - v) <= abs(v) / 16, (v, w)  # 4 significant bits, to nearest
+        else:
+            assert abs(w - v) <= floor / 16, (v, w)  # a multiple of the lowest step
+        m, _ = np.frexp(w)
+        assert m * 16 == np.round(m * 16), w  # at most 4 significant bits
+
+
+@given(st.lists(st.floats(-1e30, 1e30, allow_nan=False, allow_infinity=False), min_size=1,
+                max_size=40), st.sampled_from([16, 32]))
+def test_round_fp8_keeps_four_significant_bits_within_its_range(vals, exponents):
+    t = torch.tensor(vals, dtype=torch.float64)
+    if float(t.abs().max()) == 0.0:
+        assert round_fp8(t, exponents).tolist() == vals
+        return
+    _fp8_ok(t, round_fp8(t, exponents), exponents)
+
+
+def test_round_fp8_edges_and_cost():
+    t = torch.tensor([1.0, 0.3, -5.5, 1e-6, 7.99, 0.0, float("nan"), float("inf")],
+                     dtype=torch.float64)
+    r = round_fp8(t)
+    assert r[:6].tolist() == [1.0, 0.3125, -5.5, 0.0, 8.0, 0.0]  # 1e-6 is below 16 binades
+    assert np.isnan(r[6].item()) and r[7].item() == float("inf")
+    # sums of fp8 values are exact in float64 (so every summation order agrees)
+    vals = round_fp8(torch.randn(64, dtype=torch.float64) * 1e3)
+    assert float(vals.sum()) == float(vals.flip(0).sum())
+    assert metadata_bits(["sum8", "csumsq8"], 700) == 2 * (8 * 3 + 8)
+    assert STATISTICS["csumsq8"].signed is False
+    with pytest.raises(ValueError, match="wire must be one of"):
+        Statistic("sum", lambda g: g.sum(1), wire="fp4")
+    with pytest.raises(ValueError, match="additive"):
+        Statistic("max", lambda g: g.amax(1), wire="fp8")
+
+
+def test_fp8_statistics_are_the_rounded_float64_ones():
+    y = torch.randn(700) * 10
+    loc = local_statistics(["sum8", "csumsq8"], y)
+    g = np.zeros(768)
+    g[:700] = y.numpy()
+    g = torch.from_numpy(g.reshape(3, 256))
+    assert torch.equal(loc["sum8"], round_fp8(g.sum(1)))
+    assert torch.equal(loc["csumsq8"], round_fp8(((g - g.mean(1, keepdim=True)) ** 2).sum(1), 32))
 
 
 def test_round_bf16_nearest_and_up():

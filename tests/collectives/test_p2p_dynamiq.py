@@ -214,7 +214,8 @@ def test_reported_bits_are_the_bytes_on_the_wire(key, call):
     sim = _simulated(key)[call]
     sent = [res[r][f"{key}/{call}"][1]["bytes_sent"] for r in range(WORLD)]
     mbits = {res[r][f"{key}/{call}"][1]["metadata_bits"] for r in range(WORLD)}
-    assert mbits == {sim.metadata_bits} and sim.metadata_bits == 2 * 16 * -(-D // 256)
+    # two fp8 statistics per super-group, plus a shift byte each
+    assert mbits == {sim.metadata_bits} and sim.metadata_bits == 2 * (8 * -(-D // 256) + 8)
     assert sent == sim.bytes_sent
     bits = normalized_bits(sent, sim.metadata_bits, D)
     assert bits == sim.bits
@@ -227,7 +228,7 @@ def test_bytes_sent_is_the_sum_of_the_wire_sizes(key):
     sim = _simulated(key)[0]
     for r in range(WORLD):
         stats = res[r][f"{key}/0"][1]["stats"]
-        assert set(stats) == {"sum", "csumsq"}
+        assert set(stats) == {"sum8", "csumsq8"}
         for name, v in stats.items():  # every rank saw the simulator's statistics
             assert np.allclose(v, sim.stats[name].numpy(), rtol=1e-12, atol=1e-9), name
         want = _wire_bytes(key, stats, WORLD, D)
