@@ -57,9 +57,11 @@ ABLATION: tuple[tuple[str, str], ...] = (
     ("+ hierarchical scales",
      f"center(statistic=sum)+dynamiq(rounding=stochastic,group_size=16,{_PAPER_META})"),
     ("+ correlated rounding", f"center(statistic=sum)+dynamiq(group_size=16,{_PAPER_META})"),
-    ("+ groups of 32", f"center(statistic=sum)+dynamiq({_PAPER_META})"),
-    ("+ dithered decoding", "center(statistic=sum)+dynamiq(metadata=bf16)"),
-    ("+ 8-bit metadata (default)", "center+dynamiq"),
+    ("+ groups of 32", f"center(statistic=sum)+dynamiq(group_size=32,{_PAPER_META})"),
+    ("+ dithered decoding",
+     "center(statistic=sum)+dynamiq(group_size=32,metadata=bf16)"),
+    ("+ 8-bit metadata", "center+dynamiq(group_size=32)"),
+    ("+ groups of 32 or 64 (default)", "center+dynamiq"),
 )
 
 #: Budgets of the sweep (bits per coordinate).

@@ -289,11 +289,11 @@ def test_codec_options_are_the_ones_modelled_here():
 
 @pytest.mark.parametrize("start", [None, -30.0, -10.0, 10.0])
 def test_default_codec_gives_equal_energies_equal_widths(start):
-    """The default codec (widths 2-8) through its public ``prepare``: two super-groups of equal
-    energy, budget 2 × the 5-bit cost (2720 bits, i.e. bits = 5.40625 on 512 coordinates with
-    48 bits of fp8 metadata). The optimum is [5, 5] from every warm start (an earlier settle step
-    returned [6, 4], [4, 4] or [8, 2] depending on the start)."""
-    codec = DynamiQ(bits=5.40625)
+    """The default codec's widths (2-8, in groups of 32) through its public ``prepare``: two
+    super-groups of equal energy, budget 2 × the 5-bit cost (2720 bits, i.e. bits = 5.40625
+    on 512 coordinates with 48 bits of fp8 metadata). The optimum is [5, 5] from every warm
+    start (an earlier settle step returned [6, 4], [4, 4] or [8, 2] depending on the start)."""
+    codec = DynamiQ(bits=5.40625, group_size=32)
     state = {} if start is None else {"log2_lambda": start}
     stats = {"sum8": torch.zeros(2, dtype=torch.float64),
              "csumsq8": torch.ones(2, dtype=torch.float64)}

@@ -140,23 +140,27 @@ def test_bad_parameters_raise_value_error(spec, match):
 
 
 def test_bits_floor_is_the_cheapest_width_plus_metadata():
-    # width 2 with hierarchical scales in groups of 32: 2 + 8/32 + 16/256 = 2.3125 bits, plus
-    # the metadata phase's two 8-bit statistics per super-group (16/256 = 0.0625) and their
-    # shift bytes (16 bits per vector, counted over 1024 super-groups)
-    floor = 2.3125 + 0.0625 + 16 / (1024 * 256)
+    # width 2 with hierarchical scales in groups of 64 (the default offers 32 and 64): 2 + 8/64
+    # + 16/256 = 2.1875 bits, plus the metadata phase's two 8-bit statistics per super-group
+    # (16/256 = 0.0625) and their shift bytes (16 bits per vector, counted over 1024 groups)
+    floor = 2.1875 + 0.0625 + 16 / (1024 * 256)
     DynamiQ(bits=floor + 1e-9)
     with pytest.raises(ValueError):
         DynamiQ(bits=floor - 1e-6)
+    # groups of 32 only: 2 + 8/32 + 16/256
+    DynamiQ(bits=2.3125 + 0.0625 + 16 / (1024 * 256) + 1e-9, group_size=32)
+    with pytest.raises(ValueError):
+        DynamiQ(bits=2.375, group_size=32)
     # the paper's BF16 metadata: + 32/256; a power-of-two super-group scale: − 8/256
-    DynamiQ(bits=2.4375, metadata="bf16")
+    DynamiQ(bits=2.4375, metadata="bf16", group_size=32)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.4374, metadata="bf16")
-    DynamiQ(bits=2.40625, metadata="bf16", super_scale="e8m0")
+        DynamiQ(bits=2.4374, metadata="bf16", group_size=32)
+    DynamiQ(bits=2.40625, metadata="bf16", super_scale="e8m0", group_size=32)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.4062, metadata="bf16", super_scale="e8m0")
-    DynamiQ(widths="4", bits=4.3125)  # one width: no allocation, no metadata
+        DynamiQ(bits=2.4062, metadata="bf16", super_scale="e8m0", group_size=32)
+    DynamiQ(widths="4", bits=4.3125, group_size=32)  # one option: no allocation, no metadata
     with pytest.raises(ValueError):
-        DynamiQ(widths="4", bits=4.31)
+        DynamiQ(widths="4", bits=4.31, group_size=32)
     DynamiQ(widths="4", bits=4.5625, group_size=16)  # groups of 16: 8/16 for the scales
     with pytest.raises(ValueError):
         DynamiQ(widths="4", bits=4.56, group_size=16)
@@ -217,9 +221,10 @@ def _padded_agrees(spec: str, x: torch.Tensor) -> tuple[bool, SimulationResult]:
 
 
 @pytest.mark.parametrize(("spec", "d", "scales", "widths"), [
-    ("dynamiq(widths=4)@ring", 1000, {}, None),
-    ("dynamiq(widths=4)@butterfly", 100, {}, None),
-    ("dynamiq(widths=2/4/8/16,bits=3)@ring", 100, {}, [0]),  # d < 256: one partial super-group
+    ("dynamiq(widths=4,group_size=32)@ring", 1000, {}, None),
+    ("dynamiq(widths=4,group_size=32)@butterfly", 100, {}, None),
+    # d < 256: one partial super-group
+    ("dynamiq(widths=2/4/8/16,bits=3,group_size=32)@ring", 100, {}, [0]),
     # mixed widths in the last chunk (super-groups 6 and 7), the partial one the widest
     ("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
      [0, 0, 0, 0, 0, 1, 0, 1]),
@@ -268,13 +273,13 @@ def test_partial_last_super_group_all_ranks_agree(topology):
                                   "center+dynamiq(widths=2/4/8/16)@butterfly"])
 def test_zeros_stay_exact_zeros(spec):
     """All-zero inputs decode to exact zeros (dithering included: a zero group has scale 0);
-    zero energies leave every super-group at the cheapest width (2 bits in groups of 32: 592
+    zero energies leave every super-group at the cheapest option (2 bits in groups of 64: 560
     wire bits per super-group, plus 16 bits of metadata and two shift bytes per vector)."""
     d = 3000
     res = simulate(spec, torch.zeros(4, d))
     assert (res.results == 0).all()
     m = -(-d // SG)
-    assert res.bits == (m * 592 + m * 16 + 16) / d
+    assert res.bits == (m * 560 + m * 16 + 16) / d
 
 
 @pytest.mark.parametrize("topology", ["ring", "butterfly"])
@@ -345,7 +350,7 @@ def _segment_bytes(codec: DynamiQ, choice: np.ndarray, n: int) -> int:
     (40, [0]),
 ])
 def test_message_size_is_the_sum_of_its_segments(n, choice):
-    codec = DynamiQ(widths="2/4/8/16")
+    codec = DynamiQ(widths="2/4/8/16", group_size=32)
     choice = np.array(choice, dtype=np.int64)
     offset = 3 * SG  # the chunk's place in a longer vector: the plan covers it
     full = np.concatenate([np.zeros(3, dtype=np.int64), choice])
@@ -363,8 +368,9 @@ def test_wire_bytes_needs_the_plan():
     codec = DynamiQ()
     with pytest.raises(ValueError, match="width plan"):
         codec.wire_bytes(SG, HopContext())
-    # one width: no plan needed
-    assert DynamiQ(widths="4").wire_bytes(SG) == DynamiQ(widths="4").quantizers[0].nbytes(SG)
+    # one width in one group size: no plan needed
+    one = DynamiQ(widths="4", group_size=32)
+    assert one.wire_bytes(SG) == one.quantizers[0].nbytes(SG)
 
 
 @pytest.mark.parametrize(("topology", "n", "d"), [("ring", 4, 40 * SG), ("butterfly", 8, 9000),
@@ -393,7 +399,7 @@ _CHOICES = [np.arange(8) % 4, np.array([3, 3, 1, 0, 2, 2, 0, 1])]
 
 
 def _hop_setup(choice, n_coords, seed=0):
-    codec = DynamiQ(widths="2/4/8/16")
+    codec = DynamiQ(widths="2/4/8/16", group_size=32)  # one option per width
     plan = WidthPlan(np.asarray(choice, dtype=np.int64), codec.width_list, 0.0, 0.0)
     ctx = HopContext(seed=0, stream=(5, 2), rank=1, world_size=4, index_offset=0,
                      prepared={codec: plan})
