@@ -2,13 +2,14 @@
 
 DYNAMIQ.md §2.4–2.9. From the metadata phase (global per-super-group sums and sums of
 squares; 8 bits each on the wire by default, BF16 in the paper) every rank derives the same
-width for every super-group of 256 coordinates (:mod:`dynamiq.codecs.allocation`); no width map
-travels. A chunk's message is the concatenation of one segment per width, in increasing width
-order: the chunk's super-groups are reordered (stably) so that equal widths are contiguous, each
-segment is coded by the quantizer of its width (ε-levels, groups of 32 with UINT8 scales
-relative to a BF16 super-group scale, stochastic scale rounding, correlated element rounding
-decoded with subtractive dithering), and the reorder is undone on decoding. Widths
-never change along the path; every hop recomputes the scales from its partial sum.
+coding option, a width and a group size, for every super-group of 256 coordinates
+(:mod:`dynamiq.codecs.allocation`); no width map travels. A chunk's message is the
+concatenation of one segment per option, in increasing cost order (BF16 first): the chunk's
+super-groups are reordered (stably) so that equal options are contiguous, each segment is coded
+by the quantizer of its option (ε-levels, groups of 32 or 64 with UINT8 scales relative to a
+BF16 super-group scale, stochastic scale rounding, correlated element rounding decoded with
+subtractive dithering), and the reorder is undone on decoding. Options never change along the
+path; every hop recomputes the scales from its partial sum.
 
 Width 16 means "BF16, uncompressed" (round to nearest). Width 1 (a sign bit only) is not
 offered: an unbiased 1-bit code needs signed rounding outside the sign-magnitude element model.

@@ -464,7 +464,7 @@ def test_bogus_backend_is_rejected_everywhere():
         p2p.run_p2p(torch.randn(300), "requant-dq4", call=0, timeout=1, backend="bogus")
     ctx = HopContext(backend="bogus")
     for codec in (Passthrough(), Requant("mxfp8"), SharedScale(), IntSum(), Sparse(),
-                  DynamiQ(widths="4")):
+                  DynamiQ(widths="4", group_size=32)):
         with pytest.raises(ValueError, match="backend must be one of"):
             codec.compress(torch.randn(300), ctx)
         msg = codec.compress(torch.randn(300), HopContext())
@@ -480,7 +480,8 @@ def test_triton_on_cpu_without_the_interpreter_fails_clearly(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         api.all_reduce(torch.randn(300), "requant-dq4", backend="triton")
     ctx = HopContext(backend="triton")
-    for codec in (Passthrough("bf16"), SharedScale(), IntSum(), Sparse(), DynamiQ(widths="4")):
+    for codec in (Passthrough("bf16"), SharedScale(), IntSum(), Sparse(),
+                  DynamiQ(widths="4", group_size=32)):
         with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
             codec.compress(torch.randn(300), ctx)
     # and "auto" stays on Numba for CPU tensors
