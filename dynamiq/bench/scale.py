@@ -2,7 +2,7 @@
 
 DYNAMIQ.md §4: super-group norms from a two-component log-normal mixture, coordinates
 ``N(0, M²/256)`` independently per rank (:class:`~dynamiq.bench.workloads.LogNormal`). DynamiQ
-at several budgets (widths 2–6, 8 and 16: BF16 is the top width at large scale, as in the paper's
+at several budgets (widths 2–8 and 16: BF16 is the top width at large scale, as in the paper's
 simulation) against MXFP8, on ring and butterfly.
 
 Memory stays bounded by streaming: the vector is reduced slice by slice (every rank's slice is
@@ -58,7 +58,7 @@ def scale_pipelines(budgets: Sequence[float], topology: str) -> list[tuple[str, 
     from dynamiq.pipeline import get_pipeline
 
     out = [(f"dynamiq {b:g}b",
-            Pipeline.parse(f"center+dynamiq(bits={float(b)},widths=2/3/4/5/6/8/16)@{topology}"))
+            Pipeline.parse(f"center+dynamiq(bits={float(b)},widths=2/3/4/5/6/7/8/16)@{topology}"))
            for b in budgets]
     mx = get_pipeline("mxfp8")
     out.append(("mxfp8", dataclasses.replace(mx, topology=topology)))

@@ -223,6 +223,12 @@ class DynamiQ(PartialSumCodec):
             still unbiased, at no cost on the wire. Measured about 1.6× lower vNMSE on the
             real-gradient workloads; ``False`` is plain stochastic (or correlated) rounding,
             the paper's.
+        dither_min_width: Narrowest dithered width; narrower ones round stochastically. The
+            dither's noise is the same for every element of a group, proportional to the
+            group's maximum, so along a chain of hops it feeds back through the next hop's
+            maximum and grows by about ``1 + 6κ²/12`` per hop (1.5 at width 2, 1.05 at 3, 1.009
+            at 4): dithering widths 2 and 3 diverged on 64-rank rings, from 4 on it stays
+            stable (measured up to 128 ranks, 1.8× lower vNMSE than no dithering there).
         metadata: Precision of the two statistics of the metadata phase: ``"fp8"`` (8 bits
             each, ``csumsq8``/``sum8``: 0.0625 bits/coordinate with a sum-of-squares for the
             allocation and a sum for centering, whose 1/16 relative precision costs nothing
@@ -246,6 +252,7 @@ class DynamiQ(PartialSumCodec):
     group_size: int | str = "32/64"
     scale_rounding: str = "stochastic"
     dither: bool = True
+    dither_min_width: int = 4
     metadata: str = "fp8"
     super_scale: str = "bf16"
 
@@ -286,6 +293,10 @@ class DynamiQ(PartialSumCodec):
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
         if not isinstance(self.dither, bool):
             raise TypeError(f"dither must be a bool, got {self.dither!r}")
+        if (isinstance(self.dither_min_width, bool) or not isinstance(self.dither_min_width, int)
+                or not 2 <= self.dither_min_width <= 16):
+            raise ValueError(f"dither_min_width must be an int in [2, 16], got "
+                             f"{self.dither_min_width!r}")
         gs = _parse_list("group_size", self.group_size, int) if isinstance(
             self.group_size, (str, tuple, list)) else (self.group_size,)
         if not gs:
@@ -358,15 +369,16 @@ class DynamiQ(PartialSumCodec):
                 out.append(((16, 0), None))
                 continue
             fmt = EpsilonFormat(w, self._eps_for(i, w))
+            dither = self.dither and w >= self.dither_min_width
             for g in self.group_sizes:
                 if self.scales == "hier":
                     q = BlockQuantizer(fmt, group_size=g, scale="u8rel", rounding=self.rounding,
                                        scale_rounding=self.scale_rounding,
                                        super_group_size=SUPER_GROUP,
-                                       super_scale=self.super_scale, dither=self.dither)
+                                       super_scale=self.super_scale, dither=dither)
                 else:
                     q = BlockQuantizer(fmt, group_size=g, scale="bf16", rounding=self.rounding,
-                                       scale_rounding="up", dither=self.dither)
+                                       scale_rounding="up", dither=dither)
                 out.append(((w, g), q))
 
         def cost(item: tuple[tuple[int, int], BlockQuantizer | None]) -> tuple[int, int, int]:
