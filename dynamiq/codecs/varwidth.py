@@ -197,8 +197,8 @@ class DynamiQ(PartialSumCodec):
             BF16).
         widths: Candidate widths, ``'/'``-separated (e.g. ``"2/4/8"``, the paper's set) or a
             sequence; values in 2–8 and 16 (BF16). The default ``2/3/4/5/6/7/8`` measured about
-            2× lower error than ``2/4/8`` at equal bits. A single width disables the allocation
-            (and its metadata).
+            2× lower error than ``2/4/8`` at equal bits. A single width in a single group size
+            (one option) disables the allocation (and its metadata).
         eps: ε per width (same order as ``widths``), ``'/'``-separated; empty for
             :data:`TUNED_EPSILON`. Ignored for ``levels="uniform"`` and width 16.
         levels: ``"eps"`` (ε-levels) or ``"uniform"``.
