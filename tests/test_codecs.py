@@ -4,7 +4,7 @@ Every class registered in :data:`dynamiq.CODECS` is enrolled at collection time 
 representative parameters (Passthrough on both wires, Requant over every registered quantizer), so
 a newly registered quantizer is checked as a codec with no extra test code. A newly registered
 codec *class* is enrolled with its default parameters; if it has none, ``test_codec_is_enrolled``
-fails and asks for representative parameters here.
+fails and asks for representative parameters in :func:`dynamiq.testing.representative_codecs`.
 
 Floating-point results are compared through their bit patterns (``view(int32)``), so ``-0.0`` and
 NaN payloads count, and "equal" always means bit-identical.
@@ -23,7 +23,6 @@ from dynamiq import (
     CODECS,
     QUANTIZERS,
     BlockQuantizer,
-    DynamiQ,
     HopContext,
     PartialSumCodec,
     Passthrough,
@@ -32,28 +31,15 @@ from dynamiq import (
     get_codec,
 )
 from dynamiq.collectives.metadata import local_statistics
+from dynamiq.testing import representative_codecs
 
 SIZES = (1, 255, 256, 1000)
 WRITEBACKS = ("none", "sum", "decoded")
 
 
-def _representatives(cls: type) -> list[PartialSumCodec]:
-    """Representative instances of a registered codec class (empty: we do not know how)."""
-    if cls is Passthrough:
-        return [Passthrough("fp32"), Passthrough("bf16")]
-    if cls is Requant:
-        return [Requant(name) for name in QUANTIZERS.names()] + [Requant("dq4_hier", seed=7)]
-    if cls is DynamiQ:
-        return [DynamiQ(), DynamiQ(widths="4"),
-                DynamiQ(bits=7.0, widths="2/4/8/16", scales="flat", rounding="stochastic")]
-    try:
-        return [cls()]
-    except TypeError:
-        return []
-
-
 CODEC_CLASSES = CODECS.items()
-SAMPLES: list[PartialSumCodec] = [c for _, cls in CODEC_CLASSES for c in _representatives(cls)]
+SAMPLES: list[PartialSumCodec] = [c for _, cls in CODEC_CLASSES
+                                  for c in representative_codecs(cls)]
 
 
 def _id(c: PartialSumCodec) -> str:
@@ -119,10 +105,10 @@ def _decompressed(codec: PartialSumCodec, data: torch.Tensor, n: int) -> torch.T
 @pytest.mark.parametrize("name", CODECS.names())
 def test_codec_is_enrolled(name):
     cls = CODECS[name]
-    reps = _representatives(cls)
+    reps = representative_codecs(cls)
     assert reps, (
         f"codec {name!r} ({cls.__name__}) has no default parameters: add representative "
-        "instances to _representatives() in tests/test_codecs.py"
+        "instances to dynamiq.testing.representative_codecs()"
     )
     assert all(isinstance(c, PartialSumCodec) and type(c) is cls for c in reps)
 

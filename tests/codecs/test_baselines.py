@@ -22,7 +22,6 @@ import socket
 import time
 import traceback
 
-import numba
 import numpy as np
 import pytest
 import torch
@@ -43,14 +42,7 @@ from dynamiq.formats import FORMATS
 D = 5000  # not a multiple of 256: a partial last block
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_numba_thread():
-    # the RHT kernels are parallel: on a busy 2-core machine every parallel region waits for
-    # descheduled workers (see tests/collectives/test_simulator.py); results do not depend on it
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _inputs(n: int, d: int = D, seed: int = 0, shared_scales: bool = True) -> torch.Tensor:

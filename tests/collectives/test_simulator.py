@@ -10,7 +10,8 @@ chunks (empty chunks).
 Speed: the Numba kernels are ``parallel=True``. When other processes keep the CPUs busy, every
 parallel region waits for descheduled worker threads (measured: ~6 ms per kernel call on a loaded
 2-core machine, against ~10 us on one thread), far more than the work on one chunk, and this
-file would take minutes. It therefore runs the kernels on one thread (``_one_numba_thread``);
+file would take minutes. It therefore runs the kernels on one thread (fixture
+``one_numba_thread``);
 ``test_results_do_not_depend_on_numba_threads`` checks that the thread count changes no bit.
 """
 
@@ -52,12 +53,7 @@ PIPES = {
 LOSSY = [k for k in PIPES if k not in ("passthrough-fp32", "passthrough-bf16")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_numba_thread():
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _supported(key: str, n: int) -> bool:

@@ -27,7 +27,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytest
 import torch
@@ -57,19 +56,13 @@ from dynamiq.collectives.metadata import local_statistics
 from dynamiq.formats import LevelFormat
 from dynamiq.kernels import backend as kb
 from dynamiq.kernels.triton import launch_baselines as lb
+from dynamiq.testing import representative_codecs
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITEBACKS = ("none", "sum", "decoded")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_numba_thread():
-    # parallel Numba kernels (the RHT) wait for descheduled workers on a busy 2-core machine;
-    # results do not depend on the thread count
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 # ---------------------------------------------------------------- helpers
@@ -84,23 +77,6 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         i = int(bad[0])
         raise AssertionError(f"{what}: {bad.numel()} of {g.numel()} entries differ; first at "
                              f"{i}: triton {got[i].item()!r}, numba {want[i].item()!r}")
-
-
-def representatives(cls: type) -> list[PartialSumCodec]:
-    """Representative instances of a registered codec class (as tests/test_codecs.py)."""
-    if cls is Passthrough:
-        return [Passthrough("fp32"), Passthrough("bf16")]
-    if cls is Requant:
-        return [Requant(name) for name in QUANTIZERS.names()] + [Requant("dq4_hier", seed=7)]
-    if cls is DynamiQ:
-        return [DynamiQ(), DynamiQ(widths="4"),
-                DynamiQ(bits=7.0, widths="2/4/8/16", scales="flat", rounding="stochastic")]
-    if cls is SharedScale:
-        return [SharedScale(), SharedScale("e2m1", 16, "e4m3")]
-    try:
-        return [cls()]
-    except TypeError:
-        return []
 
 
 def vector(n: int, seed: int, specials: bool = True) -> torch.Tensor:
@@ -171,8 +147,9 @@ def enrolled() -> list[PartialSumCodec]:
     """Representatives of every codec class registered now (not at collection)."""
     out = []
     for name, cls in CODECS.items():
-        reps = representatives(cls)
-        assert reps, f"codec {name!r} has no default parameters: add representatives here"
+        reps = representative_codecs(cls)
+        assert reps, (f"codec {name!r} has no default parameters: add some to "
+                      "dynamiq.testing.representative_codecs")
         out += reps
     return out
 
