@@ -105,7 +105,9 @@ class Payload:
 
     def sections(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """NumPy views ``(codes, scales, supers)`` of the buffer."""
-        a, b, c = self.quantizer._section_sizes(self.n)
+        q = self.quantizer
+        a, b, c = (q._section_sizes(self.n) if self.data.numel() == q._kernel_nbytes(self.n)
+                   else q._wire_section_sizes(self.n))
         buf = self.data.numpy()
         return buf[:a], buf[a : a + b], buf[a + b : a + b + c]
 
@@ -229,9 +231,53 @@ class BlockQuantizer:
         ) else 0
         return codes, scales, supers
 
-    def nbytes(self, n: int) -> int:
-        """Exact payload size in bytes for ``n`` coordinates, all metadata included."""
+    def _wire_section_sizes(self, n: int) -> tuple[int, int, int]:
+        """Section sizes on the wire: a partial last block keeps only the groups it touches
+        (its codes and group scales), so a short vector does not pay for a whole block."""
+        groups = -(-n // self.group_size)
+        codes = groups * self.group_size * self.element.bits // 8
+        scales = groups * self._scale_tables.nbytes
+        return codes, scales, self._section_sizes(n)[2]
+
+    def _kernel_nbytes(self, n: int) -> int:
+        """Size of the kernels' payload layout (the partial last block padded to whole)."""
         return sum(self._section_sizes(n))
+
+    def nbytes(self, n: int) -> int:
+        """Exact payload size in bytes for ``n`` coordinates, all metadata included.
+
+        A partial last block is cut to the groups it touches: ``ceil(n / group_size)`` groups
+        of codes and scales (and one super-group scale per started super-group).
+        """
+        return sum(self._wire_section_sizes(n))
+
+    def _compact(self, padded: torch.Tensor, n: int, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """The wire bytes of a payload in the kernels' layout (see :meth:`nbytes`)."""
+        a, b, _ = self._section_sizes(n)
+        a2, b2, c = self._wire_section_sizes(n)
+        if out is None:
+            out = torch.empty(a2 + b2 + c, dtype=torch.uint8, device=padded.device)
+        out[:a2] = padded[:a2]
+        out[a2:a2 + b2] = padded[a:a + b2]
+        out[a2 + b2:] = padded[a + b:]
+        return out
+
+    def _expand(self, data: torch.Tensor, n: int) -> torch.Tensor:
+        """The kernels' layout of wire bytes: untouched groups get zero codes and scales (their
+        decoded values lie beyond ``n`` and are never read)."""
+        a, b, c = self._section_sizes(n)
+        a2, b2, _ = self._wire_section_sizes(n)
+        if a2 == a and b2 == b:
+            return data
+        padded = torch.zeros(a + b + c, dtype=torch.uint8, device=data.device)
+        padded[:a2] = data[:a2]
+        padded[a:a + b2] = data[a2:a2 + b2]
+        padded[a + b:] = data[a2 + b2:]
+        return padded
+
+    def _is_cut(self, n: int) -> bool:
+        return self.nbytes(n) != self._kernel_nbytes(n)
 
     def bits_per_coord(self, n: int | None = None) -> float:
         """Wire bits per coordinate: exact for ``n`` coordinates, asymptotic when ``None``."""
@@ -328,12 +374,16 @@ class BlockQuantizer:
 
     def _new_payload(self, n: int, out: torch.Tensor | None) -> Payload:
         """A payload of ``n`` coordinates over ``out`` (checked) or a fresh buffer."""
-        size = self.nbytes(n)
+        self._check_out(n, out)
         if out is None:
-            out = torch.empty(size, dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or out.numel() != size or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
+            out = torch.empty(self.nbytes(n), dtype=torch.uint8)
         return Payload(self, n, out)
+
+    def _check_out(self, n: int, out: torch.Tensor | None) -> None:
+        size = self.nbytes(n)
+        if out is not None and (out.dtype != torch.uint8 or out.numel() != size
+                                or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
 
     def _split(self, n: int) -> tuple[int, int, np.ndarray]:
         """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
@@ -387,12 +437,25 @@ class BlockQuantizer:
         be = _backend_for(backend, x)
         x = self._check_input(x, be)
         n = x.numel()
+        if self._is_cut(n):
+            self._check_out(n, out)
+            full = self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset,
+                                       torch.empty(self._kernel_nbytes(n), dtype=torch.uint8,
+                                                   device=x.device))
+            return Payload(self, n, self._compact(full.data, n, out))
+        self._check_out(n, out)
+        return self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset, out)
+
+    def _encode_kernel(self, x, n, be, seed, rank, world_size, stream, index_offset, out
+                       ) -> Payload:
         if be == "triton":
             from dynamiq.kernels.triton import launch
 
             rand = self._rand(seed, rank, world_size, stream, index_offset)
             return Payload(self, n, launch.encode(self, x, rand, out))
-        payload = self._new_payload(n, out)
+        if out is None:
+            out = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8)
+        payload = Payload(self, n, out)
         codes, scales, supers = payload.sections()
         xs = x.numpy()
         nfull, nblocks, tail = self._split(n)
@@ -435,6 +498,10 @@ class BlockQuantizer:
         if payload.quantizer != self:
             raise ValueError("payload was written by a different quantizer")
         n = payload.n
+        if payload.data.numel() != self.nbytes(n):
+            raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
+                             f"got {payload.data.numel()}")
+        payload = Payload(self, n, self._expand(payload.data, n))
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         if _backend_for(backend, payload.data) == "triton":
             from dynamiq.kernels.triton import launch
@@ -503,6 +570,25 @@ class BlockQuantizer:
             raise ValueError(f"writeback must be one of {tuple(modes)}, got {writeback!r}")
         if payload.quantizer != self:
             raise ValueError("payload was written by a different quantizer")
+        n = payload.n
+        if payload.data.numel() != self.nbytes(n):
+            raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
+                             f"got {payload.data.numel()}")
+        self._check_out(n, out)
+        if self._is_cut(n):
+            # the kernels work on whole blocks: expand, run, cut the result to the wire layout
+            full = self._recompress_kernel(
+                Payload(self, n, self._expand(payload.data, n)), acc, modes[writeback], seed,
+                rank, world_size, stream, index_offset,
+                torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=acc.device),
+                backend, in_rank, in_stream, writeback)
+            return Payload(self, n, self._compact(full.data, n, out))
+        return self._recompress_kernel(payload, acc, modes[writeback], seed, rank, world_size,
+                                       stream, index_offset, out, backend, in_rank, in_stream,
+                                       writeback)
+
+    def _recompress_kernel(self, payload, acc, mode, seed, rank, world_size, stream,
+                           index_offset, out, backend, in_rank, in_stream, writeback) -> Payload:
         if _backend_for(backend, acc) == "triton":
             from dynamiq.kernels.triton import launch
 
@@ -525,7 +611,9 @@ class BlockQuantizer:
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         irand = self._rand(seed, rank if in_rank is None else in_rank, world_size,
                            stream if in_stream is None else in_stream, index_offset)
-        result = self._new_payload(n, out)
+        if out is None:
+            out = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8)
+        result = Payload(self, n, out)
         a = acc.numpy()
         nfull, nblocks, tail = self._split(n)
         cut = nfull * self.block_size
@@ -535,7 +623,7 @@ class BlockQuantizer:
         with _threads_for(n):
             self._kernels.recompress(
                 a, tail, nfull, nblocks, n, *payload.sections(), *result.sections(), tables,
-                consts, rand, irand, modes[writeback],
+                consts, rand, irand, mode,
             )
         if nblocks > nfull and writeback != "none":
             a[cut:] = tail[: n - cut]

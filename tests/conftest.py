@@ -19,6 +19,10 @@ settings.register_profile(
 settings.register_profile(
     "dev", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow]
 )
+# HYPOTHESIS_PROFILE=deep: a long random search, for hunting edge cases before a release
+settings.register_profile(
+    "deep", deadline=None, max_examples=2000, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

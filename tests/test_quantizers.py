@@ -35,8 +35,29 @@ def test_payload_layout_sections():
     q = QUANTIZERS["dq4_hier"]
     p = q.encode(torch.randn(600))
     codes, scales, supers = p.sections()
-    assert len(codes) == 768 * 4 // 8 and len(scales) == 768 // 16 and len(supers) == 3 * 2
+    # the partial last super-group keeps the 38 groups of 16 that 600 coordinates touch
+    assert len(codes) == 608 * 4 // 8 and len(scales) == 608 // 16 and len(supers) == 3 * 2
     assert sum(map(len, (codes, scales, supers))) == p.nbytes
+
+
+@pytest.mark.parametrize("name", ["dq4_hier", "dq4_dither", "mxfp8", "int4_sr"])
+@pytest.mark.parametrize("n", [1, 17, 300, 600])
+def test_partial_block_is_cut_to_its_groups(name, n):
+    q = QUANTIZERS[name]
+    x = torch.randn(n)
+    groups = -(-n // q.group_size)
+    supers = -(-n // q.super_group_size) * q._super_tables.nbytes if q.super_group_size else 0
+    assert q.nbytes(n) == groups * (q.group_size * q.element.bits // 8
+                                    + q._scale_tables.nbytes) + supers
+    # the cut payload decodes to what the whole-block kernels decode
+    full = q._encode_kernel(x, n, "numba", 3, 0, 1, (), 0, None)
+    cut = q.encode(x, seed=3)
+    assert torch.equal(q._compact(full.data, n), cut.data)
+    assert torch.equal(q.decode(cut, seed=3), q.decode(cut, seed=3))
+    acc = torch.randn(n)
+    out = q.recompress(cut, acc.clone(), seed=3, writeback="none")
+    assert out.nbytes == q.nbytes(n)
+    assert torch.equal(out.data, q.encode(acc + q.decode(cut, seed=3), seed=3).data)
 
 
 def test_half_precision_inputs_are_widened():

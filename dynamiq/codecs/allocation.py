@@ -46,7 +46,8 @@ class WidthOption:
     cost: float
 
 
-def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float) -> np.ndarray:
+def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float,
+                      costs: np.ndarray | None = None) -> np.ndarray:
     """Index into ``options`` minimising ``E_j v + λ c`` per super-group (ties: cheapest).
 
     Args:
@@ -58,13 +59,14 @@ def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float
         int64 ``[m]`` option indices.
     """
     err = np.array([o.error for o in options])
-    cost = np.array([o.cost for o in options])
-    obj = energy[:, None] * err[None, :] + lam * cost[None, :]
+    cost = np.array([o.cost for o in options])[None, :] if costs is None else costs
+    obj = energy[:, None] * err[None, :] + lam * cost
     return np.argmin(obj, axis=1)
 
 
 def _total(choice: np.ndarray, cost: np.ndarray) -> float:
-    return float(cost[choice].sum())
+    """Bits of ``choice`` under the per-item costs ``cost`` (``[m, k]``)."""
+    return float(np.take_along_axis(cost, choice[:, None], 1).sum())
 
 
 def _hull_steps(e: float, a: int, b: int, err: np.ndarray, cost: np.ndarray
@@ -87,8 +89,8 @@ def _hull_steps(e: float, a: int, b: int, err: np.ndarray, cost: np.ndarray
     return steps
 
 
-def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict
-             ) -> np.ndarray:
+def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict,
+             costs: np.ndarray | None = None) -> np.ndarray:
     """Widths per super-group that fit ``budget`` bits and minimise the modelled error.
 
     Args:
@@ -97,6 +99,9 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
         budget: Bits available for the ``m`` super-groups (model costs).
         state: Warm-start state; ``state["log2_lambda"]`` (relative to the largest energy, so
             it carries over between calls whatever the gradients' scale) is read and updated.
+        costs: float64 ``[m, len(options)]`` bits of each option for each super-group, where
+            they differ from the options' own costs (a partial last super-group costs less);
+            Default: every row is the options' costs.
 
     Returns:
         int64 ``[m]`` indices into ``options``: the allocation at the largest threshold whose
@@ -107,11 +112,14 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     energy = np.nan_to_num(np.asarray(energy, dtype=np.float64), nan=0.0, posinf=np.inf)
     energy = np.maximum(energy, 0.0)
     m = energy.size
-    cost = np.array([o.cost for o in options])
+    base = np.array([o.cost for o in options])
+    cost = np.broadcast_to(base, (m, base.size)) if costs is None else np.asarray(costs, float)
+    if cost.shape != (m, base.size):
+        raise ValueError(f"costs must have shape {(m, base.size)}, got {cost.shape}")
     err = np.array([o.error for o in options])
     if m == 0:
         return np.zeros(0, dtype=np.int64)
-    cheapest = np.zeros(m, dtype=np.int64)
+    cheapest = np.argmin(cost, axis=1).astype(np.int64)
     if _total(cheapest, cost) >= budget or len(options) == 1:
         return cheapest
     best = np.full(m, int(np.argmin(err)), dtype=np.int64)
@@ -124,11 +132,11 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     e = np.where(np.isfinite(energy), energy / top, 2.0**100)
 
     def fits(log_lam: float) -> tuple[bool, np.ndarray]:
-        ch = lagrangian_choice(e, options, float(np.exp2(log_lam)))
+        ch = lagrangian_choice(e, options, float(np.exp2(log_lam)), cost)
         return _total(ch, cost) <= budget, ch
 
     lo_lim, hi_lim = -1100.0, 128.0  # λ beyond these: every choice is the cheapest / the best
-    start = float(np.clip(state.get("log2_lambda", -np.log2(max(cost.mean(), 1.0))),
+    start = float(np.clip(state.get("log2_lambda", -np.log2(max(base.mean(), 1.0))),
                           lo_lim, hi_lim))
     step = 0.5
     ok, ch = fits(start)
@@ -179,12 +187,12 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
         steps = []
         for j in flip:
             for k, (lam, nxt) in enumerate(_hull_steps(float(e[j]), int(hi_ch[j]),
-                                                       int(lo_ch[j]), err, cost)):
+                                                       int(lo_ch[j]), err, cost[j])):
                 steps.append((-lam, int(j), k, nxt))
         steps.sort()
         left = budget - _total(result, cost)
         for _, j, _, nxt in steps:
-            extra = cost[nxt] - cost[result[j]]
+            extra = cost[j, nxt] - cost[j, result[j]]
             if extra > left:
                 break
             result[j] = nxt

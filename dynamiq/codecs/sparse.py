@@ -8,14 +8,15 @@ the sum towards zero (``unbiased = False``).
    (:meth:`Sparse.local_metadata`: a 0/1 indicator per block, max-reduced into the *union*
    ``U``; accounted at 1 bit per block, :meth:`Sparse.metadata_bits`), and the declared
    ``sumsq`` statistic gives every block's global energy (16 bits per block, accounted by the
-   metadata module). Blocks holding NaN or ±Inf count as infinitely large, so that they are
-   selected and the non-finite value stays visible.
+   metadata module). Blocks holding NaN or ±Inf count as infinitely large locally, and every
+   block whose global energy is not finite (which only a non-finite input gives) is selected
+   whatever the budget, so that the non-finite values stay visible, at their coordinates.
 2. **Selection** (:meth:`Sparse.prepare`): the budget ``b̄`` (bits per coordinate, metadata
    included, as :attr:`dynamiq.SimulationResult.bits` counts it) leaves
    ``target = floor((b̄ d - metadata bits) / (16 * 256))`` blocks of BF16 values. If
    ``|U| > target``, the ``target`` blocks of ``U`` with the largest global energy are kept, so
-   the budget always holds (every block, the vector's partial last one included, is counted as
-   256 coordinates).
+   the budget always holds for finite inputs (every block, the vector's partial last one
+   included, is counted as 256 coordinates).
 3. **Adapting k.** The ``k`` of the next call moves with momentum 0.8 towards the ``k*`` that
    would have produced ``|U| = target``, estimated from this call's ``(k, |U|)`` with the model
    ``|U(k)| = B (1 - (1 - k/B)**m)`` of ``m`` independent selections among ``B`` blocks (``m``
@@ -214,17 +215,20 @@ class Sparse(PartialSumCodec):
         blocks = -(-length // BLOCK)
         target = self.target_blocks(length)
         energy = stats["sumsq"].double().cpu()
-        energy = torch.where(torch.isnan(energy), torch.full_like(energy, math.inf), energy)
         if energy.numel() != blocks:
             raise ValueError(f"sumsq has {energy.numel()} blocks, the vector needs {blocks}")
+        # a finite input gives a finite energy (the metadata saturates), so these blocks hold
+        # a NaN or an Inf on some rank: they always travel, or the value would read as 0
+        nonfinite = ~torch.isfinite(energy)
         mask = stats.get(MASK_NAME)
         union = torch.ones(blocks, dtype=torch.bool) if mask is None else mask.cpu() > 0
         count = int(union.sum())
-        selected = union.clone()
-        if count > target:
-            cand = torch.nonzero(union).flatten()
-            keep = cand[self._top(energy[cand], target)]
-            selected = torch.zeros(blocks, dtype=torch.bool)
+        selected = union | nonfinite
+        if int(selected.sum()) > target:
+            cand = torch.nonzero(union & ~nonfinite).flatten()
+            room = max(0, target - int(nonfinite.sum()))
+            keep = cand[self._top(energy[cand], room)]
+            selected = nonfinite.clone()
             selected[keep] = True
         k = int(state.get("k_used", self._k(length, state)))
         k_star = min(float(blocks), max(1.0, self._k_star(k, count, target, blocks)))

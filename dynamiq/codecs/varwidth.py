@@ -52,6 +52,10 @@ _SCALES = ("hier", "flat")
 _ROUNDINGS = ("correlated", "stochastic")
 _ALLOCATORS = ("measured", "paper")
 _ALLOWED = (2, 3, 4, 5, 6, 7, 8, 16)
+#: Vectors shorter than this many coordinates are coded at widths of at least
+#: :data:`SHORT_MIN_WIDTH` (where the codec offers one), even when that overruns the budget.
+SHORT_LENGTH = 4 * SUPER_GROUP
+SHORT_MIN_WIDTH = 4
 
 
 def _parse_list(name: str, raw: object, kind: type) -> tuple:
@@ -440,10 +444,33 @@ class DynamiQ(PartialSumCodec):
         # component's (e.g. a centering transform's own sum), as the executors account them
         declared = set(self.statistics) | {k for k in stats if k in STATISTICS}
         budget = self.bits * length - metadata_bits(sorted(declared), length)
-        choice = allocate(energy, opts, budget, state)
-        counts = np.bincount(choice, minlength=len(opts))
-        used = float(sum(counts[i] * opts[i].cost for i in range(len(opts))))
+        costs = self._costs(m, length)
+        if m == 1 and float(costs.min()) > budget:
+            # a vector shorter than one super-group whose budget cannot pay even the cheapest
+            # option (the metadata and a group's scales dominate a few coordinates): the
+            # budget is overrun whatever is sent, so send the most accurate option; the
+            # overrun is bounded by one super-group and the result reports the bits spent
+            choice = np.array([int(np.argmin([o.error for o in opts]))], dtype=np.int64)
+        else:
+            alloc_costs = costs
+            if length < SHORT_LENGTH and any(w >= SHORT_MIN_WIDTH for w in self._option_widths):
+                # short vectors: fixed costs (metadata, scales, groups cut short) leave the
+                # narrowest widths, whose error is of the order of the signal; keep them out
+                # (the budget may then be overrun by a bounded amount, reported as spent)
+                narrow = np.array([w < SHORT_MIN_WIDTH for w in self._option_widths])
+                alloc_costs = np.where(narrow[None, :], np.inf, costs)
+            choice = allocate(energy, opts, budget, state, alloc_costs)
+        used = float(np.take_along_axis(costs, choice[:, None], 1).sum())
         return WidthPlan(choice, self._option_widths, budget, used)
+
+    def _costs(self, m: int, length: int) -> np.ndarray:
+        """float64 ``[m, options]``: wire bits of every option for every super-group (a partial
+        last one is cut to the groups it touches, so it costs less)."""
+        costs = np.tile(np.array([o.cost for o in self._options_full]), (m, 1))
+        tail = length - (m - 1) * SUPER_GROUP
+        if tail < SUPER_GROUP:
+            costs[-1] = [8.0 * seg.nbytes(tail) for seg in self._segments]
+        return costs
 
     def _plan(self, ctx: HopContext | None) -> WidthPlan:
         plan = self.plan_in(ctx)

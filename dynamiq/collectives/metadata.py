@@ -11,7 +11,12 @@ codecs through :class:`~dynamiq.codecs.HopContext`.
 **What travels.** Every rank's values are rounded to their statistic's wire format before the
 exchange, additive ones to nearest, maxima upwards so that they stay bounds:
 
-* ``"bf16"`` (DYNAMIQ.md §2.2: two BF16 values per super-group), 16 bits per value;
+* ``"bf16"`` (two BF16 values per super-group in the paper's setting), 16 bits per value;
+  additive statistics (sums, energies) travel under a per-vector power-of-two shift
+  (:func:`round_bf16_shifted`, one more byte per vector), so that squares of tiny or huge
+  gradients stay inside BF16's range; maxima travel as plain BF16, rounded up, with a NaN
+  sent as ``+inf`` (every reduction order then agrees); finite values never become infinite
+  (they saturate at the largest BF16 value);
 * ``"fp8"`` (:func:`round_fp8`): 3 mantissa bits and 4 exponent bits plus a sign (5 exponent
   bits for a non-negative statistic) under a power-of-two shift that each rank picks per vector
   from its own largest value (so 16, resp. 32, binades below it are covered, and smaller values
@@ -27,6 +32,7 @@ summation) obtains the same global values. The wire cost is accounted per format
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -43,6 +49,7 @@ __all__ = [
     "local_statistics",
     "metadata_bits",
     "round_bf16",
+    "round_bf16_shifted",
     "round_fp8",
 ]
 
@@ -53,6 +60,12 @@ _REDUCES = ("sum", "max")
 _WIRES = {"bf16": 16, "fp8": 8}
 #: fp8 statistics: mantissa bits and exponent values (4 exponent bits) under the shift
 _FP8_MANT = 3
+#: The largest finite BF16 value, where finite statistics saturate.
+BF16_MAX = float(torch.finfo(torch.bfloat16).max)
+#: exponent of BF16's smallest subnormal, 2**-133
+_BF16_MIN_EXP = -133
+#: exponent of float64's smallest subnormal, 2**-1074
+_F64_MIN_EXP = -1074
 
 
 @dataclass(frozen=True)
@@ -88,17 +101,27 @@ class Statistic:
             raise ValueError("fp8 statistics are additive ones (maxima travel as bf16)")
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
-        """One rank's float64 values as they travel (rounded to :attr:`wire`)."""
+        """One rank's float64 values as they travel (rounded to :attr:`wire`).
+
+        A maximum of a block holding a NaN travels as ``+inf``: reductions disagree on NaN
+        (``torch.amax`` propagates it, a backend's elementwise ``max`` may drop it depending on
+        the order), while ``+inf`` is the maximum in every order, so every executor sees the
+        same global value.
+        """
         if self.wire == "fp8":
             # a non-negative statistic (an energy) keeps non-zero values non-zero, so that
             # a super-group with energy is never taken for an empty one
             return round_fp8(t, exponents=16 if self.signed else 32, keep_nonzero=not self.signed)
-        return round_bf16(t, up=self.reduce == "max")
+        if self.reduce == "sum":
+            return round_bf16_shifted(t, keep_nonzero=not self.signed)
+        r = round_bf16(t, up=True)
+        return torch.where(torch.isnan(r), torch.full_like(r, math.inf), r)
 
     def bits(self, length: int) -> int:
         """Wire bits of this statistic for a vector of ``length`` (one rank)."""
         per = _WIRES[self.wire] * self.blocks(length)
-        return per + 8 if self.wire == "fp8" else per
+        # additive statistics travel under a per-vector shift byte
+        return per + 8 if self.reduce == "sum" else per
 
     def blocks(self, length: int) -> int:
         """Number of values for a vector of ``length`` coordinates."""
@@ -107,11 +130,12 @@ class Statistic:
 
 STATISTICS: Registry[Statistic] = Registry("statistic")
 STATISTICS.register("sum", Statistic("sum", lambda g: g.sum(1)))
-STATISTICS.register("sumsq", Statistic("sum", lambda g: (g * g).sum(1)))
+STATISTICS.register("sumsq", Statistic("sum", lambda g: (g * g).sum(1), signed=False))
 STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1)))
 # sum of squares about the rank's own block mean: no cancellation when the mean dominates
 STATISTICS.register(
-    "csumsq", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1))
+    "csumsq", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1),
+                        signed=False)
 )
 STATISTICS.register("sum8", Statistic("sum", lambda g: g.sum(1), wire="fp8", kernel="sum"))
 STATISTICS.register(
@@ -127,9 +151,13 @@ _BUILTIN = {name: STATISTICS[name] for name in STATISTICS.names()}
 def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
     """float64 → the nearest BF16 value (ties to even), or the next one up in magnitude.
 
+    Finite values stay finite: magnitudes beyond the largest BF16 value (``BF16_MAX``, about
+    ``3.39e38``) saturate to it, so that a non-finite statistic always means a non-finite
+    input (a sum of squares of large gradients must not look like an Inf).
+
     Args:
         t: float64 tensor.
-        up: Round magnitudes upwards instead (keeps a maximum a bound).
+        up: Round magnitudes upwards instead (keeps a maximum a bound, up to ``BF16_MAX``).
 
     Returns:
         float64 tensor of BF16-representable values (non-finite values pass through).
@@ -140,7 +168,43 @@ def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
         if bool(low.any()):
             bits = b.view(torch.int16)
             b = torch.where(low, (bits + 1).view(torch.bfloat16), b)
-    return b.double()
+    out = b.double()
+    over = torch.isinf(out) & torch.isfinite(t)
+    if bool(over.any()):
+        out = torch.where(over, torch.copysign(torch.full_like(out, BF16_MAX), t), out)
+    return out
+
+
+def round_bf16_shifted(t: torch.Tensor, keep_nonzero: bool = False) -> torch.Tensor:
+    """float64 → BF16 values under a per-vector power-of-two shift (the ``"bf16"`` wire of an
+    additive statistic).
+
+    The shift ``s`` is a multiple of 4 at most the exponent of the largest finite magnitude
+    (so one byte spans the exponents of sums and squares of float32 values); every value is
+    rounded as ``round_bf16(t / 2**s) * 2**s``. The statistic is thereby independent of the
+    vector's scale: a sum of squares of tiny (or huge) gradients neither underflows nor
+    overflows BF16's range, it only has to fit float64's.
+
+    Args:
+        t: float64 tensor (one rank's values).
+        keep_nonzero: Round non-zero values that would become 0 to the smallest BF16 step
+            under the shift instead (an energy must not read as an empty block).
+
+    Returns:
+        float64 tensor, same shape, 8 significant bits per value (non-finite values pass
+        through).
+    """
+    finite = torch.isfinite(t)
+    a = torch.where(finite, t.abs(), torch.zeros_like(t))
+    if a.numel() == 0 or float(a.max()) == 0.0:
+        return t.clone()
+    top = int(torch.frexp(a.max()).exponent) - 1
+    shift = top - top % 4
+    r = torch.ldexp(round_bf16(torch.ldexp(t, torch.tensor(-shift))), torch.tensor(shift))
+    if keep_nonzero:
+        tiny = torch.ldexp(torch.ones_like(t), torch.tensor(shift + _BF16_MIN_EXP))
+        r = torch.where((r == 0) & (t != 0), torch.copysign(tiny, t), r)
+    return torch.where(finite, r, t)
 
 
 def round_fp8(t: torch.Tensor, exponents: int = 16, keep_nonzero: bool = False) -> torch.Tensor:
@@ -167,7 +231,10 @@ def round_fp8(t: torch.Tensor, exponents: int = 16, keep_nonzero: bool = False) 
     top = int(torch.frexp(a.max()).exponent) - 1  # floor(log2 max)
     lowest = top + 2 - exponents  # the top binade may be reached by rounding up
     e = torch.frexp(torch.where(a > 0, a, torch.ones_like(a))).exponent - 1
-    step = torch.ldexp(torch.ones_like(t), e.clamp_min(lowest) - _FP8_MANT)
+    # the step never goes below float64's smallest subnormal, where it would flush to zero (and
+    # t / step become inf): near the bottom of float64 every value is a multiple of it anyway
+    floor = _F64_MIN_EXP + _FP8_MANT
+    step = torch.ldexp(torch.ones_like(t), e.clamp_min(max(lowest, floor)) - _FP8_MANT)
     r = torch.round(t / step) * step
     if keep_nonzero:
         r = torch.where((r == 0) & (t != 0), torch.sign(t) * step, r)
@@ -199,14 +266,10 @@ def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto
     if names and resolve_backend(backend, y.device) == "triton":
         from dynamiq.kernels.triton import stats as tstats
 
-        fast = [n for n in names if n in tstats.OPS and STATISTICS[n] is _BUILTIN.get(n)
-                and STATISTICS[n].wire == "bf16"]
-        if fast:
-            done = {k: v.cpu() for k, v in
-                    tstats.local_statistics(fast, y.detach().contiguous()).items()}
-        # the others the kernel can take: unrounded float64 sums, rounded here
-        ops = {n: STATISTICS[n].kernel for n in names if n not in done
-               and STATISTICS[n] is _BUILTIN.get(n) and STATISTICS[n].kernel in tstats.OPS}
+        # the kernel takes the float64 block values; the rounding to the wire format (one
+        # place for every backend) happens here
+        ops = {n: STATISTICS[n].kernel or n for n in names
+               if STATISTICS[n] is _BUILTIN.get(n) and (STATISTICS[n].kernel or n) in tstats.OPS}
         if ops:
             raw = tstats.local_statistics(sorted(set(ops.values())), y.detach().contiguous(),
                                           rounded=False)

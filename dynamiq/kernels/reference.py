@@ -9,6 +9,7 @@ backends are checked against.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from dynamiq import rng
 from dynamiq.kernels.numba.codec import CORRELATED, NEAREST, STOCHASTIC, UP
@@ -161,7 +162,9 @@ def encode(q, x: np.ndarray, *, seed=0, rank=0, world_size=1, stream=(), index_o
     scode = np.where(bad_b, 0, np.where(bad_g, st.nan, scode))
     s_hat = np.where(bad_g | bad_b, np.nan, s_hat).astype(_F)
     out = np.concatenate([_pack(codes, q.element.bits), _words(scode, st.nbytes), supers])
-    return out.astype(np.uint8), s_hat
+    # on the wire a partial last block keeps only the groups it touches
+    wire = q._compact(torch.from_numpy(out.astype(np.uint8)), n).numpy()
+    return wire, s_hat
 
 
 def decode(q, buf: np.ndarray, n: int, *, seed=0, rank=0, world_size=1, stream=(),
@@ -173,6 +176,7 @@ def decode(q, buf: np.ndarray, n: int, *, seed=0, rank=0, world_size=1, stream=(
     from dynamiq.quantizers import _MODE, _P_ELEM, _P_PERM
 
     e, st, ut = q._elem_tables, q._scale_tables, q._super_tables
+    buf = q._expand(torch.from_numpy(np.ascontiguousarray(buf, dtype=np.uint8)), n).numpy()
     a, b, _ = q._section_sizes(n)
     npad = q.padded_length(n)
     G = q.group_size
@@ -188,7 +192,9 @@ def decode(q, buf: np.ndarray, n: int, *, seed=0, rank=0, world_size=1, stream=(
         u = _uniforms(_MODE[q.rounding], keys, rank, world_size,
                       index_offset + np.arange(npad, dtype=np.int64))
         m = (m + (_F(q.dither_amplitude) * (u - _F(0.5))).astype(_F)).astype(_F)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         v = (m * np.repeat(s, G)).astype(_F)
+    top = np.finfo(_F).max
+    v = np.where(v > top, top, np.where(v < -top, -top, v)).astype(_F)  # saturate, keep NaN
     v = np.where((codes >> mb) & 1 == 1, -v, v)
     return v[:n].astype(_F)

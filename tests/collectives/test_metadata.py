@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dynamiq import Passthrough, Pipeline, simulate
@@ -80,12 +80,23 @@ def _fp8_ok(t: torch.Tensor, r: torch.Tensor, exponents: int) -> None:
 
 @given(st.lists(st.floats(-1e30, 1e30, allow_nan=False, allow_infinity=False), min_size=1,
                 max_size=40), st.sampled_from([16, 32]))
+@example([5e-324], 16)  # the smallest subnormal: its step must not flush to zero
+@example([2.0**-1060, -5e-324, 0.0], 32)
 def test_round_fp8_keeps_four_significant_bits_within_its_range(vals, exponents):
     t = torch.tensor(vals, dtype=torch.float64)
     if float(t.abs().max()) == 0.0:
         assert round_fp8(t, exponents).tolist() == vals
         return
     _fp8_ok(t, round_fp8(t, exponents), exponents)
+
+
+def test_round_fp8_subnormal_statistics_stay_finite():
+    t = torch.tensor([5e-324, -1.5e-323, 2.0**-1060], dtype=torch.float64)
+    for exponents in (16, 32):
+        for keep in (False, True):
+            r = round_fp8(t, exponents, keep_nonzero=keep)
+            assert torch.isfinite(r).all(), r
+    assert round_fp8(torch.tensor([5e-324], dtype=torch.float64), 16).tolist() == [5e-324]
 
 
 def test_round_fp8_edges_and_cost():

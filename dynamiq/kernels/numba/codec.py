@@ -48,6 +48,9 @@ CORRELATED = 4
 KIND_TABLE = 0
 KIND_FP32 = 1
 
+#: The largest finite float32 value: decoded values saturate there.
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+
 
 class KernelSpec(NamedTuple):
     """Compile-time parameters of the block kernels: one generated, disk-cached variant each.
@@ -178,11 +181,19 @@ def element_value(c, edec, mbits, s, dither, kap, u):
     whatever the level, so the value stays unbiased, and it cancels most of the rounding noise
     (error variance ``E[Δ²]/6 - kap E[Δ]/6 + kap²/12`` instead of ``E[Δ²]/6`` for the level
     gaps ``Δ``; ``kap = E[Δ]`` halves it for uniform levels).
+
+    A finite level times a finite scale saturates at ``±FLT_MAX`` instead of overflowing: the
+    scale of a group near float32's top, rounded up, would otherwise turn its largest element
+    into Inf. A NaN scale (a flagged group) stays NaN.
     """
     m = edec[c & np.uint64((1 << mbits) - 1)]
     if dither:
         m = m + kap * (u - np.float32(0.5))
     v = m * s
+    if v > FLT_MAX:
+        v = FLT_MAX
+    elif v < -FLT_MAX:
+        v = -FLT_MAX
     return -v if (c >> np.uint64(mbits)) & np.uint64(1) else v
 
 

@@ -218,13 +218,15 @@ def element_value(c, edec, MBITS: tl.constexpr, s, DITHER: tl.constexpr, kap, u)
 
     Equivalent to numba ``element_value``: the magnitude ``edec[c & mask]`` (plus
     ``kap * (u - 1/2)`` with ``DITHER``, ``u`` the encoder's uniforms), times ``s``, negated when
-    the sign bit is set.
+    the sign bit is set; finite products saturate at ``±FLT_MAX``, NaN stays NaN.
     """
     mag = (c & ((1 << MBITS) - 1)).to(tl.int32)
     m = tl.load(edec + mag)
     if DITHER:
         m = m + kap * (u - 0.5)
     v = m * s
+    v = tl.where(v > 3.4028234663852886e38, 3.4028234663852886e38, v)
+    v = tl.where(v < -3.4028234663852886e38, -3.4028234663852886e38, v)
     return flip_sign(v, ((c >> MBITS) & 1) != 0)
 
 

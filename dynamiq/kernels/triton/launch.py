@@ -5,6 +5,9 @@ The functions here are what :class:`dynamiq.quantizers.BlockQuantizer` calls whe
 same method (see :mod:`dynamiq.kernels.triton.codec` for the arithmetic contract). Tensors may
 live on a CUDA device, or on the CPU when Triton's interpreter is on (``TRITON_INTERPRET=1``
 before this package is imported; that is how the kernels are tested without a GPU).
+
+Payload buffers here are in the kernels' layout of ``K = q._kernel_nbytes(n)`` bytes (a partial
+last block padded to whole); ``BlockQuantizer`` cuts them to the wire layout.
 """
 
 from __future__ import annotations
@@ -167,11 +170,11 @@ def encode(q: Any, x: torch.Tensor, rand: Sequence[int], out: torch.Tensor | Non
         q: A :class:`~dynamiq.quantizers.BlockQuantizer`.
         x: float32 ``[n]``, contiguous, on a CUDA device (or the CPU under the interpreter).
         rand: ``q._rand(seed, rank, world_size, stream, index_offset)``.
-        out: Optional uint8 ``[q.nbytes(n)]`` on ``x``'s device to write into.
+        out: Optional uint8 ``[K]`` on ``x``'s device to write into.
         blocks_per_program: Override of the tile size (a power of two), for tests and tuning.
 
     Returns:
-        The uint8 payload buffer ``[q.nbytes(n)]`` (``out`` when given), byte-identical to the
+        The uint8 payload buffer ``[K]`` (``out`` when given), byte-identical to the
         Numba encode of the same arguments.
     """
     _check_tensor(x, "x", torch.float32, None)
@@ -179,7 +182,7 @@ def encode(q: Any, x: torch.Tensor, rand: Sequence[int], out: torch.Tensor | Non
     if n == 0:
         raise ValueError("cannot quantize an empty tensor")
     _check_device(x.device)
-    size = q.nbytes(n)
+    size = q._kernel_nbytes(n)
     if out is None:
         out = torch.empty(size, dtype=torch.uint8, device=x.device)
     _check_tensor(out, "out", torch.uint8, size, x.device)
@@ -200,7 +203,7 @@ def decode(q: Any, data: torch.Tensor, n: int, out: torch.Tensor | None = None,
 
     Args:
         q: The quantizer that wrote ``data``.
-        data: uint8 ``[q.nbytes(n)]`` payload buffer (CUDA, or CPU under the interpreter).
+        data: uint8 ``[K]`` payload buffer (CUDA, or CPU under the interpreter).
         n: Number of coordinates.
         out: Optional float32 ``[n]`` on ``data``'s device to write (or add) into.
         rand: The encoder's ``q._rand(...)`` (used by dithered quantizers only; default: the
@@ -213,7 +216,7 @@ def decode(q: Any, data: torch.Tensor, n: int, out: torch.Tensor | None = None,
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    _check_tensor(data, "payload data", torch.uint8, q.nbytes(n))
+    _check_tensor(data, "payload data", torch.uint8, q._kernel_nbytes(n))
     _check_device(data.device)
     if out is None:
         if accumulate:
@@ -240,12 +243,12 @@ def recompress(q: Any, data: torch.Tensor, acc: torch.Tensor, rand: Sequence[int
 
     Args:
         q: The quantizer of the incoming payload (and of the outgoing one).
-        data: Incoming uint8 payload buffer ``[q.nbytes(n)]``.
+        data: Incoming uint8 payload buffer ``[K]``.
         acc: float32 ``[n]`` local contribution, on ``data``'s device; updated according to
             ``writeback``.
         rand: ``q._rand(seed, rank, world_size, stream, index_offset)``.
         writeback: ``"none"``, ``"sum"`` or ``"decoded"`` (see ``BlockQuantizer.recompress``).
-        out: Optional uint8 ``[q.nbytes(n)]`` for the outgoing payload (must not be ``data``).
+        out: Optional uint8 ``[K]`` for the outgoing payload (must not be ``data``).
         irand: The incoming payload's encoder's ``rand`` (dithered quantizers; default
             ``rand``).
         blocks_per_program: Override of the tile size (a power of two).
@@ -260,7 +263,7 @@ def recompress(q: Any, data: torch.Tensor, acc: torch.Tensor, rand: Sequence[int
     if n == 0:
         raise ValueError("acc must not be empty")
     _check_device(acc.device)
-    size = q.nbytes(n)
+    size = q._kernel_nbytes(n)
     _check_tensor(data, "payload data", torch.uint8, size, acc.device)
     if out is None:
         out = torch.empty(size, dtype=torch.uint8, device=acc.device)
