@@ -661,7 +661,11 @@ QUANTIZERS.register("mxfp8_e5m2", _mx("e5m2"))
 QUANTIZERS.register("mxfp6", _mx("e3m2"))
 QUANTIZERS.register("mxfp6_e2m3", _mx("e2m3"))
 QUANTIZERS.register("mxfp4", _mx("e2m1"))
-QUANTIZERS.register("nvfp4", BlockQuantizer("e2m1", group_size=16, scale="e4m3"))
+# NVFP4: E2M1 elements, an E4M3 scale per 16 under an FP32 scale (NVFP4's per-tensor scale,
+# here one per 256 so that blocks stay independent); an E4M3 scale on its own cannot span a
+# gradient's range (it clipped above 2688 and zeroed groups below about 1e-3)
+QUANTIZERS.register("nvfp4", BlockQuantizer("e2m1", group_size=16, scale="e4m3rel",
+                                            super_group_size=256, super_scale="fp32"))
 QUANTIZERS.alias("mxfp8_e4m3", "mxfp8")
 QUANTIZERS.alias("mxfp6_e3m2", "mxfp6")
 for _b in (4, 8):

@@ -16,6 +16,7 @@ Transforms are looked up by name in :data:`TRANSFORMS`::
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 
@@ -289,13 +290,43 @@ class RandomizedHadamard(Transform):
         n = x.numel()
         out = torch.zeros(self.padded_length(n), dtype=torch.float32, device=x.device)
         out[:n] = x
+        scales = self._range_scales(out)
         if be == "triton":
             from dynamiq.kernels.triton import hadamard as th
 
             th.rht_forward(out, out, self.block_size, k0, k1, rht_norm(self.block_size))
-            return out
-        buf = out.numpy()
-        rht_forward(buf, buf, self.block_size, k0, k1, rht_norm(self.block_size))
+        else:
+            buf = out.numpy()
+            rht_forward(buf, buf, self.block_size, k0, k1, rht_norm(self.block_size))
+        return self._unscale(out, scales)
+
+    def _range_scales(self, v: torch.Tensor) -> torch.Tensor | None:
+        """Scale blocks whose butterflies would overflow float32; returns the factors to undo.
+
+        The unnormalised transform adds up to ``B`` values, so a block whose largest finite
+        magnitude exceeds ``2**127 / B`` would overflow mid-transform although its rotated
+        values fit. Such a block is multiplied (in place) by the power of two that brings it
+        below that bound, and the result by its inverse afterwards; both are exact, so the
+        bits are those of an overflow-free float32 evaluation. Returns ``None`` (nothing
+        scaled, the common case, decided with one pass) or float32 ``[blocks, 1]`` factors.
+        """
+        b = self.block_size
+        logb = b.bit_length() - 1
+        top = float(v.abs().amax()) if v.numel() else 0.0
+        if math.isfinite(top) and top < 2.0 ** (127 - logb):
+            return None
+        rows = v.view(-1, b)
+        a = torch.where(torch.isfinite(rows), rows.abs(), torch.zeros_like(rows)).amax(1)
+        e = torch.frexp(a).exponent.to(torch.int64)  # a < 2**e
+        shift = (e + logb - 127).clamp_min(0)
+        if not bool((shift > 0).any()):
+            return None
+        rows.mul_(torch.ldexp(torch.ones_like(a), -shift)[:, None])
+        return torch.ldexp(torch.ones_like(a), shift)[:, None]
+
+    def _unscale(self, out: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        if scales is not None:
+            out.view(-1, self.block_size).mul_(scales)
         return out
 
     def inverse(
@@ -335,12 +366,19 @@ class RandomizedHadamard(Transform):
             raise ValueError(f"y has {m} elements, fewer than n={n}")
         used = self.padded_length(n)
         out = torch.empty(used, dtype=torch.float32, device=y.device)
+        src = y[:used]
+        top = float(src.abs().amax())
+        scales = None
+        if not (math.isfinite(top) and top < 2.0 ** (127 - self.block_size.bit_length() + 1)):
+            src = src.clone()  # scaled in place: never the caller's tensor
+            scales = self._range_scales(src)
         if be == "triton":
             from dynamiq.kernels.triton import hadamard as th
 
-            th.rht_inverse(y[:used], out, self.block_size, k0, k1, rht_norm(self.block_size))
-            return out if used == n else out[:n].clone()
-        rht_inverse(
-            y[:used].numpy(), out.numpy(), self.block_size, k0, k1, rht_norm(self.block_size)
-        )
+            th.rht_inverse(src, out, self.block_size, k0, k1, rht_norm(self.block_size))
+        else:
+            rht_inverse(src.numpy(), out.numpy(), self.block_size, k0, k1,
+                        rht_norm(self.block_size))
+        # the scale factors are powers of two and the sign flip is exact: they commute
+        out = self._unscale(out, scales)
         return out if used == n else out[:n].clone()

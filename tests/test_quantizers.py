@@ -21,7 +21,7 @@ def _heavy(n: int, seed: int) -> np.ndarray:
 # ---------------------------------------------------------------- accounting
 @pytest.mark.parametrize(
     ("name", "bits"),
-    [("mxfp8", 8.25), ("mxfp6", 6.25), ("mxfp4", 4.25), ("nvfp4", 4.5), ("dq4_hier", 4.5625)],
+    [("mxfp8", 8.25), ("mxfp6", 6.25), ("mxfp4", 4.25), ("nvfp4", 4.625), ("dq4_hier", 4.5625)],
 )
 def test_bits_per_coordinate(name, bits):
     q = QUANTIZERS[name]

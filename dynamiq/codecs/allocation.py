@@ -60,7 +60,9 @@ def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float
     """
     err = np.array([o.error for o in options])
     cost = np.array([o.cost for o in options])[None, :] if costs is None else costs
-    obj = energy[:, None] * err[None, :] + lam * cost
+    # an excluded option (infinite cost) stays excluded even where λ underflows to 0
+    price = np.where(np.isinf(cost), np.inf, lam * np.where(np.isinf(cost), 0.0, cost))
+    obj = energy[:, None] * err[None, :] + price
     return np.argmin(obj, axis=1)
 
 

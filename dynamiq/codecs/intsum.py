@@ -70,8 +70,10 @@ _P_INTSUM = 0x494E5453
 DEFAULT_MAX_BITS = 16
 #: Widest headroom: products ``W * step`` stay exact with at least one significant step bit.
 MAX_BITS = 24
-#: Smallest step: keeps every multiple of it a normal float32.
-MIN_STEP = 2.0**-100
+#: Smallest step, float32's smallest normal value: every multiple of it is a normal float32
+#: (exact sums without subnormals, which some GPUs flush), and gradients down to about 1e-37
+#: still get a step of their own size.
+MIN_STEP = 2.0**-126
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class IntSumPlan:
 
 
 def grid_step(scale: float, half_levels: int, bits: int) -> float:
-    """``scale / half_levels`` rounded up to ``25 - bits`` significant bits (at least 2**-100)."""
+    """``scale / half_levels`` rounded up to ``25 - bits`` significant bits (at least 2**-126)."""
     if not (math.isfinite(scale) and scale > 0):
         return MIN_STEP
     s = scale / half_levels

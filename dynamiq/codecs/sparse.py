@@ -50,6 +50,7 @@ from dynamiq.codecs.base import (
     _triton_launchers,
     hop_backend,
 )
+from dynamiq.collectives.metadata import metadata_bits
 from dynamiq.spec import format_call
 
 __all__ = ["Sparse", "SparsePlan"]
@@ -59,8 +60,6 @@ BLOCK = 256
 MASK_NAME = "sparse.mask"
 #: Bits per selected coordinate on the wire (BF16).
 VALUE_BITS = 16
-#: Bits per block of the ``sumsq`` statistic, as the metadata module accounts it.
-ENERGY_BITS = 16
 
 
 @dataclass
@@ -141,18 +140,24 @@ class Sparse(PartialSumCodec):
     def target_blocks(self, length: int) -> int:
         """Blocks of BF16 values the budget allows for a vector of ``length``.
 
+        A vector too short for its metadata to fit the budget (the per-vector shift byte, a
+        partial last block counted whole) gets 0: only blocks holding non-finite values travel,
+        and the result reports the bits spent.
+
         Raises:
-            ValueError: the metadata alone (17 bits per block) exceeds the budget.
+            ValueError: the metadata of a whole block (17 bits) exceeds the budget of one
+                (the budget cannot hold at any length).
         """
         blocks = -(-length // BLOCK)
-        meta = ENERGY_BITS * blocks + self.metadata_bits(length)
-        spare = self.bits * length - meta
-        if spare < 0:
+        per_block = metadata_bits(self.statistics, BLOCK) - 8 + self.metadata_bits(BLOCK)
+        if self.bits * BLOCK < per_block:
             raise ValueError(
                 f"sparse(bits={self.bits:g}): the metadata alone costs "
-                f"{meta / length:.4g} bits per coordinate for {length} coordinates"
+                f"{per_block / BLOCK:.4g} bits per coordinate"
             )
-        return min(blocks, int(spare // (VALUE_BITS * BLOCK)))
+        meta = metadata_bits(self.statistics, length) + self.metadata_bits(length)
+        spare = self.bits * length - meta
+        return min(blocks, max(0, int(spare // (VALUE_BITS * BLOCK))))
 
     def _k(self, length: int, state: dict) -> int:
         blocks = -(-length // BLOCK)

@@ -14,6 +14,7 @@ from dynamiq.formats.types import (
     Float32Format,
     FloatFormat,
     IntFormat,
+    LevelFormat,
     NumberFormat,
 )
 from dynamiq.registry import Registry
@@ -40,6 +41,11 @@ FORMATS.register("int16", IntFormat(16))
 FORMATS.register("e8m0", FloatFormat(8, 0, special="fn", signed=False, subnormals=False))
 FORMATS.register("fp32", Float32Format())
 FORMATS.register("u8rel", IntFormat(8, signed=False, normalized=True))
+# E4M3's magnitudes over its maximum (448): an NVFP4 group scale relative to an FP32 scale above
+# it (the sign bit is never set)
+_E4M3 = FloatFormat(4, 3, special="fn")
+FORMATS.register("e4m3rel", LevelFormat(tuple(float(v) / _E4M3.max_value
+                                              for v in _E4M3.magnitudes())))
 
 #: DynamiQ ε per width (tunable defaults in the range the method's authors used).
 DEFAULT_EPSILON = {2: 0.25, 3: 0.22, 4: 0.19, 5: 0.15, 6: 0.12, 8: 0.09}

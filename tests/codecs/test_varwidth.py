@@ -151,11 +151,13 @@ def test_bits_floor_is_the_cheapest_width_plus_metadata():
     DynamiQ(bits=2.3125 + 0.0625 + 16 / (1024 * 256) + 1e-9, group_size=32)
     with pytest.raises(ValueError):
         DynamiQ(bits=2.375, group_size=32)
-    # the paper's BF16 metadata: + 32/256; a power-of-two super-group scale: − 8/256
-    DynamiQ(bits=2.4375, metadata="bf16", group_size=32)
+    # the paper's BF16 metadata: + 32/256 (and its shift bytes); a power-of-two super-group
+    # scale: − 8/256
+    DynamiQ(bits=2.4375 + 16 / (1024 * 256) + 1e-9, metadata="bf16", group_size=32)
     with pytest.raises(ValueError):
         DynamiQ(bits=2.4374, metadata="bf16", group_size=32)
-    DynamiQ(bits=2.40625, metadata="bf16", super_scale="e8m0", group_size=32)
+    DynamiQ(bits=2.40625 + 16 / (1024 * 256) + 1e-9, metadata="bf16", super_scale="e8m0",
+            group_size=32)
     with pytest.raises(ValueError):
         DynamiQ(bits=2.4062, metadata="bf16", super_scale="e8m0", group_size=32)
     DynamiQ(widths="4", bits=4.3125, group_size=32)  # one option: no allocation, no metadata
@@ -224,9 +226,9 @@ def _padded_agrees(spec: str, x: torch.Tensor) -> tuple[bool, SimulationResult]:
     ("dynamiq(widths=4,group_size=32)@ring", 1000, {}, None),
     ("dynamiq(widths=4,group_size=32)@butterfly", 100, {}, None),
     # d < 256: one partial super-group
-    ("dynamiq(widths=2/4/8/16,bits=3,group_size=32)@ring", 100, {}, [0]),
+    ("dynamiq(widths=2/4/8/16,bits=8,group_size=32)@ring", 100, {}, [1]),
     # mixed widths in the last chunk (super-groups 6 and 7), the partial one the widest
-    ("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
+    ("dynamiq(bits=4.5,widths=2/8,group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
      [0, 0, 0, 0, 0, 1, 0, 1]),
 ])
 def test_partial_last_super_group_codes_like_the_zero_padded_vector(spec, d, scales, widths):
@@ -274,12 +276,13 @@ def test_partial_last_super_group_all_ranks_agree(topology):
 def test_zeros_stay_exact_zeros(spec):
     """All-zero inputs decode to exact zeros (dithering included: a zero group has scale 0);
     zero energies leave every super-group at the cheapest option (2 bits in groups of 64: 560
-    wire bits per super-group, plus 16 bits of metadata and two shift bytes per vector)."""
+    wire bits per super-group, plus 16 bits of metadata and two shift bytes per vector; the
+    partial last super-group of 184 coordinates pays for 3 groups of 64: 3 * (128 + 8) + 16)."""
     d = 3000
     res = simulate(spec, torch.zeros(4, d))
     assert (res.results == 0).all()
     m = -(-d // SG)
-    assert res.bits == (m * 560 + m * 16 + 16) / d
+    assert res.bits == ((m - 1) * 560 + 3 * 136 + 16 + m * 16 + 16) / d
 
 
 @pytest.mark.parametrize("topology", ["ring", "butterfly"])
@@ -331,14 +334,19 @@ def test_inf_after_a_finite_call_with_the_kept_state():
 
 # ---- wire accounting -------------------------------------------------------------------------
 def _segment_bytes(codec: DynamiQ, choice: np.ndarray, n: int) -> int:
-    """Independent size of a chunk's message: every quantized super-group costs its width's
-    whole-block payload (a partial block is padded), a BF16 super-group 2 bytes per real
-    coordinate."""
+    """Independent size of a chunk's message: a quantized super-group costs, per group of
+    ``g`` coordinates it touches, ``g * w / 8`` code bytes and a UINT8 scale, plus its BF16
+    super-group scale (a partial super-group only pays for its groups); a BF16 super-group
+    costs 2 bytes per real coordinate."""
     total = 0
     for j, w in enumerate(choice):
         coords = min(SG, n - j * SG)
         q = codec.quantizers[w]
-        total += 2 * coords if q is None else q.nbytes(SG)
+        if q is None:
+            total += 2 * coords
+            continue
+        g = q.group_size
+        total += -(-coords // g) * (g * q.element.bits // 8 + 1) + 2
     return total
 
 
@@ -465,7 +473,8 @@ def test_accumulate_and_recompress_identities(choice, n_coords):
 def test_tail_chunk_narrow_partial_super_group_hop_operations():
     """Repro: widths 2/4/8/16, chunk of 7·256 + 100 coordinates, choice [3, 2, 1, 0, 3, 2, 1, 0]
     (the partial super-group 7 is 2 bits, the chunk's widest segment BF16): the message has
-    1716 bytes instead of 2028 (super-group 4 travels as 100 BF16 values, not 256) and
+    the bytes of its groups (super-group 4 travels as 256 BF16 values, super-group 7 as 4
+    groups of 32 at 2 bits), and
     ``decompress(compress(x))`` is exactly 0 on coordinates 1124..1279 (super-group 4)."""
     choice = np.array([3, 2, 1, 0, 3, 2, 1, 0])
     n = 7 * SG + 100

@@ -97,3 +97,42 @@ def test_dynamiq_error_is_uniform_over_lengths(name):
 def test_dynamiq_on_seven_ranks_and_a_short_vector():
     vs = [simulate("dynamiq", _inputs(7, 58, c), call=c).vnmse for c in range(4)]
     assert max(vs) < 0.1, vs
+
+
+@pytest.mark.parametrize("name", ["thc", "rht(block_size=128)+requant(quantizer=dq4_hier)@ring"])
+@pytest.mark.parametrize("scale", [1e-36, 1e-34, 1e36, 1e37])
+def test_rotations_neither_overflow_nor_underflow(name, scale):
+    # the unnormalised Hadamard butterflies overflowed float32 for gradients above ~5e33
+    # (blocks of 2**16) although the rotated values fit; THC's smallest step was 2**-100
+    ref = simulate(name, _inputs(3, 3000, 9)).vnmse
+    res = simulate(name, _inputs(3, 3000, 9, scale))
+    assert torch.isfinite(res.results).all()
+    assert res.vnmse < 2 * ref + 1e-3, (res.vnmse, ref)
+
+
+def test_rht_round_trip_near_the_float32_maximum():
+    from dynamiq import RandomizedHadamard
+
+    t = RandomizedHadamard(block_size=1 << 16)
+    x = _inputs(1, 70_000, 3, 1e37)[0]
+    x[5] = 3.0e38
+    y = t.forward(x)
+    assert torch.isfinite(y).all()
+    back = t.inverse(y, x.numel())
+    assert torch.allclose(back.double(), x.double(), rtol=1e-4, atol=1e33)
+    # in-range vectors take the unscaled path: the same bits as before
+    small = _inputs(1, 70_000, 4)[0]
+    assert t._range_scales(t.forward(small).clone()) is None
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-4, 1.0, 1e4, 1e30])
+def test_nvfp4_spans_any_gradient_scale(scale):
+    # an E4M3 group scale alone clipped above 6 * 448 and zeroed groups below ~1e-3
+    q = get_quantizer("nvfp4")
+    x = _inputs(1, 4096, 2, scale)[0]
+    y = q.decode(q.encode(x))
+    err = float(((y.double() - x.double()) ** 2).sum() / (x.double() ** 2).sum())
+    assert err < 0.02, err
+    assert float(y.abs().max()) >= 0.9 * float(x.abs().max())  # the maximum is not clipped
+    res = simulate("requant(quantizer=nvfp4)@ring", _inputs(3, 4096, 3, scale))
+    assert res.vnmse < 0.05, res.vnmse

@@ -65,6 +65,11 @@ def _documented(name: str, codes: np.ndarray) -> np.ndarray:
         lv = [(q**k - 1) / (q ** (L - 1) - 1) if fmt.eps else k / (L - 1) for k in r]
         sgn = np.where((codes >> (fmt.bits - 1)) & 1 == 1, -1.0, 1.0)
         return (sgn * np.array(lv)).astype(np.float32).astype(np.float64)
+    if name == "e4m3rel":  # E4M3's magnitude of the same code over 448, as float32
+        e4m3 = FORMATS["e4m3"]
+        mag = np.array([_scalar_minifloat(e4m3, int(c) & 127) / 448.0 for c in codes])
+        sgn = np.where((codes >> 7) & 1 == 1, -1.0, 1.0)
+        return (sgn * mag).astype(np.float32).astype(np.float64)
     raise AssertionError(f"no documented value for {name}")
 
 
