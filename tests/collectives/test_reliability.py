@@ -136,3 +136,22 @@ def test_nvfp4_spans_any_gradient_scale(scale):
     assert float(y.abs().max()) >= 0.9 * float(x.abs().max())  # the maximum is not clipped
     res = simulate("requant(quantizer=nvfp4)@ring", _inputs(3, 4096, 3, scale))
     assert res.vnmse < 0.05, res.vnmse
+
+
+@pytest.mark.parametrize("name", sorted(__import__("dynamiq").PIPELINES.names()))
+def test_every_pipeline_commutes_with_power_of_two_scaling(name):
+    # every scale is relative (groups, super-groups, tensors, metadata under a shift), so
+    # scaling the inputs by 2**k scales the result by 2**k, bit for bit, far from the ends of
+    # float32's range
+    from dynamiq import get_pipeline
+
+    n = 4
+    try:
+        get_pipeline(name).topology.check_world_size(n)
+    except ValueError:
+        n = 2
+    x = _inputs(n, 3000, 11)
+    ref = simulate(name, x).results
+    for k in (-60, 40):
+        got = simulate(name, x * 2.0**k).results
+        assert torch.equal(got, ref * 2.0**k), k
