@@ -271,8 +271,7 @@ def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto
         ops = {n: STATISTICS[n].kernel or n for n in names
                if STATISTICS[n] is _BUILTIN.get(n) and (STATISTICS[n].kernel or n) in tstats.OPS}
         if ops:
-            raw = tstats.local_statistics(sorted(set(ops.values())), y.detach().contiguous(),
-                                          rounded=False)
+            raw = tstats.local_statistics(sorted(set(ops.values())), y.detach().contiguous())
             done.update({n: STATISTICS[n].round(raw[op].cpu()) for n, op in ops.items()})
     if not done:
         return _torch_statistics(names, y)

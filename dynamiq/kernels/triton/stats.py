@@ -1,16 +1,15 @@
 """Triton kernel of the metadata phase's per-block statistics.
 
-Twin of :func:`dynamiq.collectives.metadata.local_statistics` for the built-in statistics
-(``"sum"``, ``"sumsq"``, ``"absmax"``, ``"absmax32"``, ``"absmax16"``): the vector is read as
-zero-padded to whole blocks of the statistic's ``block`` coordinates, widened to float64, reduced
-per block, and rounded to BF16 the way ``metadata.round_bf16`` does (float64 → float32 → BF16,
-each round-to-nearest-even, as torch converts; maxima then moved one BF16 step up in magnitude
-when the rounding fell below the float64 value).
+Twin of the float64 block statistics that :func:`dynamiq.collectives.metadata.local_statistics`
+takes for the built-in statistics (``"sum"``, ``"sumsq"``, ``"absmax"``, ``"absmax32"``,
+``"absmax16"``): the vector is read as zero-padded to whole blocks of the statistic's ``block``
+coordinates, widened to float64 and reduced per block. The rounding to the wire format is not
+done here: the metadata phase applies the same rounding to every backend's values.
 
 Agreement with the torch (CPU) version:
 
-* ``absmax*`` is exact before and after rounding (a maximum does not depend on order); a block
-  holding a NaN gives NaN, as ``torch.amax`` does.
+* ``absmax*`` is exact (a maximum does not depend on order); a block holding a NaN gives NaN,
+  as ``torch.amax`` does.
 * ``sum`` and ``sumsq`` add in float64 in a different order (a tree here, torch's vectorised
   accumulation there). Every float32 value and every square of one is exact in float64, so only
   the ``m - 1`` additions of a block of ``m`` coordinates round; for any order the float64 result
@@ -42,30 +41,10 @@ _TILE = 1024
 
 
 @triton.jit
-def round_bf16(v, UP: tl.constexpr):
-    """float64 → the float64 value of its BF16 rounding; equivalent to ``metadata.round_bf16``.
-
-    float64 → float32 round-to-nearest-even, then float32 → BF16 round-to-nearest-even on the
-    bits (torch's conversion); with ``UP``, one BF16 step up in magnitude when the result is
-    below ``|v|``. NaN stays NaN.
-    """
-    f = v.to(tl.float32)
-    bits = f.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    rounded = tl.where(f != f, bits, rounded)
-    b = rounded.to(tl.float32, bitcast=True).to(tl.float64)
-    if UP:
-        low = tl.abs(b) < tl.abs(v)
-        b = tl.where(low, (rounded + 0x10000).to(tl.float32, bitcast=True).to(tl.float64), b)
-    return b
-
-
-@triton.jit
-def stats_kernel(y, n, nblocks, out, OP: tl.constexpr, SG: tl.constexpr, NSG: tl.constexpr,
-                 ROUND: tl.constexpr, UP: tl.constexpr):
+def stats_kernel(y, n, nblocks, out, OP: tl.constexpr, SG: tl.constexpr, NSG: tl.constexpr):
     """One statistic of ``NSG`` blocks of ``SG`` coordinates per program into ``out[nblocks]``.
 
-    ``OP``: 0 sum, 1 sum of squares, 2 maximum magnitude; ``ROUND``: round to BF16.
+    ``OP``: 0 sum, 1 sum of squares, 2 maximum magnitude.
     """
     g = tl.program_id(0).to(tl.int64) * NSG + tl.arange(0, NSG)
     idx = g[:, None] * SG + tl.arange(0, SG)[None, :]
@@ -79,20 +58,19 @@ def stats_kernel(y, n, nblocks, out, OP: tl.constexpr, SG: tl.constexpr, NSG: tl
         has_nan = tl.max((v != v).to(tl.int32), axis=1) != 0
         # the sum of a block with a NaN is NaN on every device, whatever its max does
         r = tl.where(has_nan, tl.sum(v, axis=1), r)
-    if ROUND:
-        r = round_bf16(r, UP)
     tl.store(out + g, r, mask=g < nblocks)
 
 
-def local_statistics(names: Iterable[str], y: torch.Tensor, *,
-                     rounded: bool = True) -> dict[str, torch.Tensor]:
-    """This rank's statistics as they travel; equivalent to ``metadata.local_statistics``.
+def local_statistics(names: Iterable[str], y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """This rank's float64 block statistics before their rounding to the wire format.
+
+    Equivalent to ``STATISTICS[name].local`` of the zero-padded blocks; the metadata phase
+    rounds them (:meth:`dynamiq.collectives.metadata.Statistic.round`, the one rounding of
+    every backend).
 
     Args:
         names: Statistics among :data:`OPS`.
         y: float32 ``[n]``, contiguous, on a CUDA device (or the CPU under the interpreter).
-        rounded: Round to BF16 as the metadata phase does; ``False`` gives the float64 values
-            before rounding (``STATISTICS[name].local`` of the zero-padded blocks).
 
     Returns:
         name → float64 ``[ceil(n / block)]`` on ``y``'s device (see the module notes for how
@@ -120,8 +98,8 @@ def local_statistics(names: Iterable[str], y: torch.Tensor, *,
             nsg = max(1, _TILE // st.block)
             with _on(y.device):
                 stats_kernel[(-(-nblocks // nsg),)](
-                    y, n, nblocks, r, OP=OPS[name], SG=st.block, NSG=nsg, ROUND=bool(rounded),
-                    UP=st.reduce == "max", num_warps=4, enable_fp_fusion=False,
+                    y, n, nblocks, r, OP=OPS[name], SG=st.block, NSG=nsg, num_warps=4,
+                    enable_fp_fusion=False,
                 )
         out[name] = r
     return out
