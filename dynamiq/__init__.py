@@ -18,7 +18,7 @@ from dynamiq.codecs import (
     WidthPlan,
     get_codec,
 )
-from dynamiq.collectives.api import all_reduce
+from dynamiq.collectives.api import CallMismatchError, all_reduce, reset_call_counters
 from dynamiq.collectives.simulator import SimulationResult, simulate
 from dynamiq.collectives.topology import (
     TOPOLOGIES,
@@ -56,6 +56,7 @@ __all__ = [
     "TRANSFORMS",
     "BlockQuantizer",
     "Butterfly",
+    "CallMismatchError",
     "Center",
     "DuplicateNameError",
     "DynamiQ",
@@ -92,6 +93,7 @@ __all__ = [
     "get_pipeline",
     "get_quantizer",
     "get_topology",
+    "reset_call_counters",
     "resolve_format",
     "simulate",
 ]

@@ -4,6 +4,10 @@ It runs the P2P executor (:mod:`dynamiq.collectives.p2p`) on a float32 copy of t
 writes the result back in place. Each process counts its calls per (group, pipeline, size); the
 count keys the random numbers, so successive calls draw fresh randomness and every rank agrees
 on it without communication (the count is verified across ranks with the other call metadata).
+A call that the ranks disagree on is refused on every rank before any data moves and is not
+counted, so the next matching call works (unless later calls of the same group, pipeline and
+size were already queued with ``async_op``: then the counters may differ, and the error of
+that mismatch says to call :func:`reset_call_counters` on every rank).
 """
 
 from __future__ import annotations
@@ -19,16 +23,25 @@ from dynamiq.collectives import p2p
 from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
-__all__ = ["AllReduceWork", "all_reduce", "reset_call_counters"]
+__all__ = ["MAX_TIMEOUT", "AllReduceWork", "CallMismatchError", "all_reduce",
+           "reset_call_counters"]
+
+CallMismatchError = p2p.CallMismatchError
+MAX_TIMEOUT = p2p.MAX_TIMEOUT
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _counter_lock = threading.Lock()
+# keyed by (weak reference to the group, pipeline spec, numel): a counter must not keep a
+# destroyed process group alive (see dynamiq.collectives.p2p), and goes with its group
 _calls: dict[tuple, int] = {}
 
 # one worker thread: asynchronous calls run one at a time, in the order they were issued, which
 # is the order every rank issues them in (collectives must not be reordered)
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
+_pending_lock = threading.Lock()
+# unfinished asynchronous calls only: a finished one leaves (its exception's traceback would
+# keep the group and the tensors alive)
 _pending: list[concurrent.futures.Future] = []
 
 
@@ -55,8 +68,8 @@ class AllReduceWork:
         Raises:
             TimeoutError: ``timeout`` passed first (the collective keeps running), or the
                 collective timed out.
-            RuntimeError: the collective failed (e.g. the ranks disagree on the call); the
-                tensor is then unchanged.
+            RuntimeError: the collective failed (e.g. the ranks disagree on the call:
+                :class:`CallMismatchError`); the tensor is then unchanged.
         """
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
@@ -83,28 +96,73 @@ def reset_call_counters() -> None:
         _calls.clear()
 
 
+_OP_HELP = "op must be 'sum', 'avg', ReduceOp.SUM or ReduceOp.AVG"
+
+
 def _parse_op(op) -> str:
-    if isinstance(op, str) and op.lower() in ("sum", "avg"):
-        return op.lower()
+    if isinstance(op, str):
+        if op.lower() in ("sum", "avg"):
+            return op.lower()
+        raise ValueError(f"{_OP_HELP}, got {op!r}")
+    # Type checks, not ==: ReduceOp.AVG == 1 holds, so an int would pass for an op.
+    reduce_op = getattr(dist, "ReduceOp", None)
+    code = None
+    if reduce_op is not None:
+        if isinstance(op, reduce_op.RedOpType):
+            code = op
+        elif isinstance(op, reduce_op):  # the wrapper class; its .op is the RedOpType
+            code = getattr(op, "op", None)
+    if not (reduce_op is not None and isinstance(code, reduce_op.RedOpType)):
+        raise TypeError(f"{_OP_HELP}, got {type(op).__name__} {op!r}")
     for name in ("SUM", "AVG"):
-        ref = getattr(dist.ReduceOp, name, None)
-        if ref is not None and not isinstance(op, str) and op == ref:
+        if code == getattr(reduce_op.RedOpType, name):
             return name.lower()
-    raise ValueError(f"op must be 'sum', 'avg', ReduceOp.SUM or ReduceOp.AVG, got {op!r}")
+    raise ValueError(f"{_OP_HELP}, got {op!r}")
 
 
-def _next_call(group, spec: str, numel: int) -> int:
-    key = (group if group is not None else dist.group.WORLD, spec, numel)
+def _next_call(key: tuple) -> int:
     with _counter_lock:
         call = _calls.get(key, 0)
         _calls[key] = call + 1
     return call
 
 
+def _undo_call(key: tuple, call: int) -> None:
+    """Uncount ``call`` of ``key`` (refused on every rank), unless a later call of the same key
+    was issued meanwhile: renumbering that one is impossible once it is queued."""
+    with _counter_lock:
+        if _calls.get(key) == call + 1:
+            if call:
+                _calls[key] = call
+            else:
+                del _calls[key]
+
+
+def _forget_counters(group_ref) -> None:
+    with _counter_lock:
+        for key in [k for k in _calls if k[0] is group_ref]:
+            del _calls[key]
+
+
+p2p._group_freed_hooks.append(_forget_counters)
+
+
+def _track(future: concurrent.futures.Future) -> None:
+    with _pending_lock:
+        _pending.append(future)
+    future.add_done_callback(_untrack)
+
+
+def _untrack(future: concurrent.futures.Future) -> None:
+    with _pending_lock:
+        if future in _pending:
+            _pending.remove(future)
+
+
 def _drain() -> None:
-    while _pending:
-        f = _pending.pop(0)
-        concurrent.futures.wait([f])
+    with _pending_lock:
+        waiting = list(_pending)
+    concurrent.futures.wait(waiting)
 
 
 def all_reduce(
@@ -135,13 +193,15 @@ def all_reduce(
         group: Process group (default: the world). All its ranks must call with the same
             pipeline, size, dtype and op, in the same order.
         op: ``"sum"`` / ``ReduceOp.SUM``, or ``"avg"`` / ``ReduceOp.AVG`` (the float32 sum
-            divided by the group size).
+            divided by the group size); strings in any case. Plain ints are refused, though
+            ``ReduceOp.AVG == 1``.
         async_op: Return an :class:`AllReduceWork` at once and run the collective on a
             background thread of this process (one thread: asynchronous calls run in issue
             order; a later synchronous call first waits for them). The tensor holds the result
             once ``wait()`` returns.
-        timeout: Seconds (or a ``timedelta``) to wait for any one peer before raising
-            ``TimeoutError``.
+        timeout: Seconds (an int or float, or a ``timedelta``) to wait for any one peer
+            before raising ``TimeoutError``: finite, positive and at most :data:`MAX_TIMEOUT`
+            (1e9 s, about 31.7 years; c10d's gloo deadlines overflow not far above it).
         backend: Kernel backend: ``"auto"`` (Triton for CUDA tensors, Numba for CPU tensors),
             ``"numba"`` or ``"triton"`` (on CPU tensors only under ``TRITON_INTERPRET=1``, for
             tests). Every backend gives the same bits, so ranks need not agree on it.
@@ -150,13 +210,18 @@ def all_reduce(
         ``None``, or an :class:`AllReduceWork` when ``async_op``.
 
     Raises:
-        TypeError: not a tensor, or not floating point of a supported dtype.
+        TypeError: not a tensor, or not floating point of a supported dtype; ``op`` neither a
+            string nor a ``ReduceOp``; ``timeout`` neither a number nor a ``timedelta``.
         ValueError: empty tensor, unknown op or backend, a backend that cannot run on the
-            tensor's device, a pipeline whose topology does not fit the group size, or an
-            unknown pipeline name (the message lists the registered ones).
+            tensor's device, a timeout out of range, a pipeline whose topology does not fit
+            the group size (also at size 1), or an unknown pipeline name (the message lists
+            the registered ones).
         ImportError: the Triton backend is needed but triton is not installed.
-        RuntimeError: ``torch.distributed`` not initialized; ranks disagree on pipeline, size,
-            dtype, op or call count (raised on every rank); a peer failed.
+        CallMismatchError: ranks disagree on pipeline, size, dtype, op or call count (a
+            ``RuntimeError``, raised on every rank before any data moves; the call is not
+            counted, so the next matching call works; the message says how to recover).
+        RuntimeError: ``torch.distributed`` not initialized; a peer failed or closed its
+            connection (names the step and peer).
         TimeoutError: a peer did not take part within ``timeout`` (names the step and peer).
     """
     if not isinstance(tensor, torch.Tensor):
@@ -174,16 +239,16 @@ def all_reduce(
     p = get_pipeline(pipeline)
     spec = str(p)
     mode = _parse_op(op)
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    timeout = p2p._check_timeout(timeout)
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first")
     if dist.get_rank(group) < 0:
         raise ValueError("this process is not a member of the given process group")
-    call = _next_call(group, spec, tensor.numel())
+    # every rank refuses the same group size here, before the call is counted
+    p.topology.check_world_size(dist.get_world_size(group))
+    key = (p2p._group_key(group), spec, tensor.numel())
+    call = _next_call(key)
     if tensor.dtype == torch.float32 and tensor.is_contiguous():
         # Reduce in place and keep a backup instead of working on a copy: one full-size copy
         # per call instead of two, and the caller's values come back if anything raises.
@@ -196,17 +261,21 @@ def all_reduce(
 
     def job() -> None:
         try:
-            y = p2p.run_p2p(flat, p, group=group, call=call, timeout=float(timeout),
+            y = p2p.run_p2p(flat, p, group=group, call=call, timeout=timeout,
                             dtype=tensor.dtype, op=mode, consume=True, backend=backend)
             with torch.no_grad():
                 if mode == "avg":
                     y = y.div_(dist.get_world_size(group))
                 if y.data_ptr() != tensor.data_ptr() or y.dtype != tensor.dtype:
                     tensor.copy_(y.view(tensor.shape))
-        except BaseException:
+        except BaseException as e:
             if backup is not None:
                 with torch.no_grad():
                     flat.copy_(backup)
+            if isinstance(e, p2p.CallMismatchError):
+                # every rank refused this call before sending anything: uncounting it keeps
+                # the counters where they were, so the next matching call agrees
+                _undo_call(key, call)
             raise
 
     global _executor
@@ -217,7 +286,5 @@ def all_reduce(
     if _executor is None:
         _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dynamiq")
     future = _executor.submit(job)
-    _pending.append(future)
-    while _pending and _pending[0].done():
-        _pending.pop(0)
+    _track(future)
     return AllReduceWork(future)

@@ -16,20 +16,34 @@ so the decoded values, the summation order and the byte count are those of the u
 
 Randomness and agreement. Before any data moves, the ranks compare a fingerprint of the call
 (pipeline, length, dtype, op, call counter, tile size) with one ``all_reduce``; a mismatch
-raises ``RuntimeError`` on every rank, naming what differs (when the pipelines differ, a second
-small ``all_reduce`` brings every rank's spec string for the message). A peer that does not
-show up within ``timeout`` seconds raises ``TimeoutError`` naming the step and the peer (in the
-metadata check, a collective, only that some rank is missing). After a timeout the process
-group is unusable (gloo closes the link); destroy it.
+raises :class:`CallMismatchError` (a ``RuntimeError``) on every rank, naming what differs (when
+the pipelines differ, a second small ``all_reduce`` brings every rank's spec string for the
+message). A peer that does not show up within ``timeout`` seconds raises ``TimeoutError``
+naming the step and the peer (in the metadata check, a collective, only that some rank is
+missing); a peer whose connection closes (it crashed, or it gave up waiting for this rank)
+raises ``RuntimeError`` naming the step and the peer. After either the process group is
+unusable (gloo closes every link of the group on a timeout); destroy it, or reduce over a new
+group of the surviving ranks.
+
+Per-group state (receive buffers, codec state, and the call counters of
+:mod:`dynamiq.collectives.api`) is keyed by a weak reference to the group and dropped when the
+group is freed: a strong reference would keep a destroyed group's gloo worker threads running
+until the interpreter exits, where one of them releasing a finished work's tensor needs the
+GIL and aborts the process ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import math
+import numbers
 import threading
 import time
+import weakref
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -49,7 +63,8 @@ from dynamiq.collectives.topology import Schedule, Transfer
 from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
-__all__ = ["TILE_ELEMS", "P2PStats", "clear_cache", "last_stats", "run_p2p"]
+__all__ = ["MAX_TIMEOUT", "TILE_ELEMS", "CallMismatchError", "P2PStats", "clear_cache",
+           "last_stats", "run_p2p"]
 
 #: Default tile: 8 MB of float32 input per message (the paper's pipelining granularity).
 TILE_ELEMS = 1 << 21
@@ -57,6 +72,45 @@ TILE_ELEMS = 1 << 21
 #: Layouts and receive buffers kept for this many (pipeline, length, world, ...) keys; a
 #: gradient bucket calls all-reduce with the same key every step.
 CACHE_SIZE = 16
+
+#: Largest accepted ``timeout``, in seconds (about 31.7 years). c10d gives gloo a deadline of
+#: "system clock now + timeout" in int64 nanoseconds, which overflows once the timeout passes
+#: about ``2**63`` ns minus the Unix time (about 7.4e9 s in 2026): 1e10 s then times out at once
+#: and 7.5e9 s never returns. 1e9 s stays clear of that for the next two centuries.
+MAX_TIMEOUT = 1e9
+
+
+class CallMismatchError(RuntimeError):
+    """The ranks disagree on a call (pipeline, size, dtype, op, call counter or tile size).
+
+    Raised on every rank by the agreement check that runs before any data moves, so nothing
+    was sent and the process group stays usable.
+
+    Attributes:
+        fields: Names of the fingerprint fields that differ (``"numel"``, ``"dtype"``,
+            ``"pipeline"``, ``"op"``, ``"call"``, ``"tile"``).
+    """
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+def _check_timeout(timeout) -> float:
+    """``timeout`` in seconds, validated: a real number (not a bool) or a ``timedelta``, finite,
+    positive and at most :data:`MAX_TIMEOUT`."""
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout must be a number of seconds or a datetime.timedelta, got "
+                        f"{type(timeout).__name__} {timeout!r}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
+        raise ValueError(f"timeout must be finite, positive and at most {MAX_TIMEOUT:.0e} "
+                         f"seconds (what the gloo and NCCL deadlines can represent), got "
+                         f"{timeout!r}")
+    return seconds
 
 
 @dataclass
@@ -295,9 +349,38 @@ def _build_program(layout: _Layout, rank: int, device: torch.device) -> _Program
     return prog
 
 
-_lock = threading.Lock()
+# reentrant: a group's finalizer (which takes it) may run wherever the group's last reference
+# goes, also in code that holds it
+_lock = threading.RLock()
 _layouts: OrderedDict[tuple, _Layout] = OrderedDict()
 _programs: OrderedDict[tuple, _Program] = OrderedDict()
+_tracked_groups: set[weakref.ref] = set()
+#: Called with a group's weak reference once the group is freed (the API's call counters).
+_group_freed_hooks: list[Callable[[weakref.ref], None]] = []
+
+
+def _group_key(group) -> weakref.ref:
+    """A weak reference to ``group`` (the world when ``None``) to key per-group state by.
+
+    The first time a group is seen, a finalizer is attached that drops the state kept for it
+    (see the module docstring for why nothing may hold a group strongly).
+    """
+    g = dist.group.WORLD if group is None else group
+    ref = weakref.ref(g)  # without a callback: one shared object per group, equal while alive
+    with _lock:
+        if ref not in _tracked_groups:
+            _tracked_groups.add(ref)
+            weakref.finalize(g, _forget_group, ref)
+    return ref
+
+
+def _forget_group(ref: weakref.ref) -> None:
+    with _lock:
+        _tracked_groups.discard(ref)
+        for key in [k for k in _programs if ref in k]:
+            del _programs[key]
+    for hook in list(_group_freed_hooks):
+        hook(ref)
 
 
 def _cached(cache: OrderedDict, key: tuple, make):
@@ -348,6 +431,46 @@ def _describe(name: str, value: int, specs: dict[int, str]) -> str:
 _SPEC_CHARS = 240
 
 
+def _deadline(timeout: float) -> datetime.timedelta:
+    # whole milliseconds, rounded up: c10d takes milliseconds and reads 0 as "no timeout"
+    return datetime.timedelta(milliseconds=math.ceil(timeout * 1000))
+
+
+def _grace(timeout: float) -> float:
+    """Seconds between a collective's timeout on the caller's side and on gloo's (see
+    :func:`_start_all_reduce`): enough for the ranks' waits to start apart, short enough for a
+    ``destroy_process_group`` right after the timeout (it waits for gloo's worker)."""
+    return min(5.0, max(1.0, 0.1 * timeout))
+
+
+def _start_all_reduce(t: torch.Tensor, group, timeout: float, op=None):
+    """Start an asynchronous all-reduce of ``t``; off CUDA, one that the backend itself gives
+    up after ``timeout``.
+
+    ``dist.all_reduce`` runs the collective under the group's own timeout (30 minutes by
+    default), whatever the caller waits: a rank that stopped waiting would keep the collective
+    running in gloo's worker thread, a latecomer would still complete it and go on alone, and
+    the work (holding ``t``) could still be running at interpreter exit. With the timeout in
+    the options, gloo fails the collective after ``timeout`` and closes the group's links, so a
+    latecomer fails at once, naming the step. NCCL keeps the group's timeout: its watchdog
+    tears the process down when a collective times out.
+
+    The backend's deadline comes a grace period after the caller's (:func:`_wait`): every rank
+    that waits in vain sees its own ``TimeoutError``, not the closing of links by a rank that
+    started waiting a moment earlier.
+    """
+    if t.device.type == "cuda":
+        return dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op, group=group,
+                               async_op=True)
+    pg = dist.group.WORLD if group is None else group
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM if op is None else op
+    opts.timeout = _deadline(timeout + _grace(timeout))
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+    return pg.allreduce([t], opts)
+
+
 def _gather_specs(group, rank: int, world: int, device: torch.device, timeout: float,
                   spec: str) -> dict[int, str]:
     """Every rank's pipeline string (cut to ``_SPEC_CHARS``), by its crc32.
@@ -357,9 +480,11 @@ def _gather_specs(group, rank: int, world: int, device: torch.device, timeout: f
     raw = spec.encode()[:_SPEC_CHARS]
     buf = torch.zeros(world, _SPEC_CHARS, dtype=torch.int32, device=device)
     buf[rank, :len(raw)] = torch.tensor(list(raw), dtype=torch.int32)
-    work = dist.all_reduce(buf, group=group, async_op=True)
-    _wait(work, timeout, "metadata exchange before step 0", "pipeline strings did not arrive",
-          "exchanging pipeline strings failed")
+    where, late = "metadata exchange before step 0", "pipeline strings did not arrive"
+    failed = "exchanging pipeline strings failed"
+    with _translated(where, late, failed, "a peer"):
+        work = _start_all_reduce(buf, group, timeout)
+    _wait(work, timeout, where, late, failed, "a peer")
     specs = {}
     for row in buf.cpu().tolist():
         text = bytes(v for v in row if v).decode(errors="replace")
@@ -382,11 +507,12 @@ def _check_metadata(
     # each rank fills its own row; the sum is an all-gather that NCCL and gloo both run
     meta = torch.zeros(world, len(_FIELDS), dtype=torch.int64, device=device)
     meta[rank] = torch.tensor([mine[f] for f in _FIELDS], dtype=torch.int64)
-    work = dist.all_reduce(meta, group=group, async_op=True)
-    _wait(work, timeout, "metadata exchange before step 0",
-          f"not all {world} ranks joined within {timeout}s (a rank did not call all_reduce, or "
-          "is still busy in another collective)",
-          "failed")
+    where = "metadata exchange before step 0"
+    late = (f"not all {world} ranks joined within {timeout}s (a rank did not call all_reduce, "
+            "or is still busy in another collective)")
+    with _translated(where, late, "failed", "a peer"):
+        work = _start_all_reduce(meta, group, timeout)
+    _wait(work, timeout, where, late, "failed", "a peer")
     rows = meta.cpu().tolist()
     specs = {mine["pipeline"]: pipeline}
     if len({row[_FIELDS.index("pipeline")] for row in rows}) > 1:
@@ -404,9 +530,19 @@ def _check_metadata(
                  for v, rs in groups.items()]
         problems.append(f"{name}: " + "; ".join(parts))
     if problems:
-        raise RuntimeError(
+        fields = tuple(name for name in _FIELDS
+                       if len({row[_FIELDS.index(name)] for row in rows}) > 1)
+        if "call" in fields:
+            fix = ("the call counters differ (an earlier call failed on some ranks only, or "
+                   "the ranks issued different calls): call "
+                   "dynamiq.reset_call_counters() on every rank at the same "
+                   "point, then call again")
+        else:
+            fix = "call again with the same arguments on every rank"
+        raise CallMismatchError(
             f"dynamiq all_reduce: the {world} ranks disagree on the call, nothing was sent "
-            f"(seen from rank {rank}): " + " | ".join(problems)
+            f"(seen from rank {rank}): " + " | ".join(problems) + f". To recover: {fix}.",
+            fields,
         )
     return meta.numel() * meta.element_size()
 
@@ -425,9 +561,11 @@ def _exchange_metadata(group, values: dict[str, torch.Tensor], reduces: dict[str
         if not names:
             continue
         t = torch.cat([values[n] for n in names]).to(device)
-        work = dist.all_reduce(t, op=op, group=group, async_op=True)
-        _wait(work, timeout, "metadata statistics before step 0",
-              f"not all ranks joined within {timeout}s", "failed")
+        where = "metadata statistics before step 0"
+        late = f"not all ranks joined within {timeout}s"
+        with _translated(where, late, "failed", "a peer"):
+            work = _start_all_reduce(t, group, timeout, op)
+        _wait(work, timeout, where, late, "failed", "a peer")
         nbytes += t.numel() * t.element_size()
         t = t.cpu()
         off = 0
@@ -446,55 +584,121 @@ def _global(group, r: int) -> int:
     return dist.get_global_rank(group, r)
 
 
-def _wait(work, timeout: float, where: str, late: str, failed: str) -> None:
-    """``work.wait`` with a deadline; a timeout becomes ``TimeoutError(where: late)``, any other
-    failure (e.g. a peer's connection closing) ``RuntimeError(where: failed)``."""
+def _peer(group, r: int) -> str:
+    """``rank r``, with its global rank when the group numbers ranks differently."""
+    g = _global(group, r)
+    return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
+
+
+# gloo's words for a link that the other side closed or reset
+_CLOSED = ("connection closed", "connection reset", "broken pipe", "connection refused",
+           "socket closed", "pair closure")
+
+
+def _translate(e: Exception, where: str, late: str, failed: str, who: str) -> Exception:
+    """The error to raise for a backend error ``e`` at ``where``.
+
+    A timeout becomes ``TimeoutError(where: late)``; a closed link ``RuntimeError`` naming
+    ``who`` was on the other end and the likely reasons; anything else ``RuntimeError(where:
+    failed)``. The backend's own text is kept at the end.
+    """
+    text = str(e)
+    low = text.lower()
+    if "application timeout" in low:
+        # this rank's own earlier wait timed out, and gloo closed the group's links for it
+        return RuntimeError(f"dynamiq all_reduce: {where}: {failed}: the process group was "
+                            f"closed after an earlier timeout on this rank; destroy it ({text})")
+    if "timed out" in low or "timeout" in low:
+        return TimeoutError(f"dynamiq all_reduce: {where}: {late} ({text})")
+    if any(word in low for word in _CLOSED):
+        return RuntimeError(
+            f"dynamiq all_reduce: {where}: {failed}: {who} closed the connection; it probably "
+            f"timed out (waiting for this rank, or for another one) and gave up, or it crashed. "
+            f"The process group is unusable now: destroy it, or reduce over a new group of the "
+            f"live ranks ({text})"
+        )
+    return RuntimeError(f"dynamiq all_reduce: {where}: {failed}: {text}")
+
+
+@contextlib.contextmanager
+def _translated(where: str, late: str, failed: str, who: str) -> Iterator[None]:
+    """Raise backend errors of the block as :func:`_translate` says (issuing an operation on a
+    closed link fails at once, before there is anything to wait for)."""
     try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
+        yield
     except Exception as e:
-        text = str(e)
-        low = text.lower()
-        if "timed out" in low or "timeout" in low:
-            raise TimeoutError(f"dynamiq all_reduce: {where}: {late} ({text})") from e
-        raise RuntimeError(f"dynamiq all_reduce: {where}: {failed}: {text}") from e
+        raise _translate(e, where, late, failed, who) from e
+
+
+def _wait(work, timeout: float, where: str, late: str, failed: str, who: str) -> None:
+    """``work.wait`` with a deadline, errors translated by :func:`_translate`."""
+    with _translated(where, late, failed, who):
+        work.wait(timeout=_deadline(timeout))
 
 
 def _run_step(st: _Step, state: RankState, group, timeout: float, stats: P2PStats) -> None:
     src = _global(group, st.recv_peer) if st.recvs else -1
     dst = _global(group, st.send_peer) if st.sends else -1
+    where = f"step {st.index}"
+    inward = _peer(group, st.recv_peer) if st.recvs else ""
+    outward = _peer(group, st.send_peer) if st.sends else ""
+    recv_late = f"no message from {inward} within {timeout}s"
+    recv_failed = f"receiving from {inward} failed"
+    send_late = f"{outward} did not take our message within {timeout}s"
+    send_failed = f"sending to {outward} failed"
+    # NCCL needs a round's send and receive in one group; elsewhere (gloo) batch_isend_irecv
+    # issues them one by one anyway, and issuing them ourselves tells which peer's link failed
+    grouped = state.acc.device.type == "cuda"
     outgoing = []  # keeps sent tensors alive until their send completes
     recv_works, send_works = [], []
-    # The k-th send and the k-th receive of the step go out together: on every rank, round k
-    # pairs up with round k of the peers (a rank hears from one peer per step), which keeps
-    # NCCL's grouped point-to-point calls deadlock-free, and the leaf compresses the tile of
-    # round k + 1 while round k is on the wire.
-    for k in range(max(len(st.sends), len(st.recvs))):
-        ops = []
-        if k < len(st.recvs):
-            ops.append(dist.P2POp(dist.irecv, st.bufs[k], src, group))
-        if k < len(st.sends):
-            data = state.message(st.sends[k])
-            outgoing.append(data)
-            ops.append(dist.P2POp(dist.isend, data, dst, group))
-            stats.bytes_sent += data.numel() * data.element_size()
-            stats.messages_sent += 1
-        works = dist.batch_isend_irecv(ops)
-        per_op = works if len(works) == len(ops) else [works[-1]] * len(ops)
-        i = 0
-        if k < len(st.recvs):
-            recv_works.append(per_op[0])
-            i = 1
-        if k < len(st.sends):
-            send_works.append(per_op[i])
-    where = f"step {st.index}"
-    for t, buf, work in zip(st.recvs, st.bufs, recv_works):
-        _wait(work, timeout, where, f"no message from rank {st.recv_peer} within {timeout}s",
-              f"receiving from rank {st.recv_peer} failed")
-        state.receive(t, buf)
-        stats.bytes_received += buf.numel()
-    for work in send_works:
-        _wait(work, timeout, where, f"rank {st.send_peer} did not take our message within "
-              f"{timeout}s", f"sending to rank {st.send_peer} failed")
+    try:
+        # The k-th send and the k-th receive of the step go out together: on every rank, round
+        # k pairs up with round k of the peers (a rank hears from one peer per step), which
+        # keeps NCCL's grouped point-to-point calls deadlock-free, and the leaf compresses the
+        # tile of round k + 1 while round k is on the wire.
+        for k in range(max(len(st.sends), len(st.recvs))):
+            receiving, sending = k < len(st.recvs), k < len(st.sends)
+            data = None
+            if sending:
+                data = state.message(st.sends[k])
+                outgoing.append(data)
+                stats.bytes_sent += data.numel() * data.element_size()
+                stats.messages_sent += 1
+            if grouped:
+                ops = []
+                if receiving:
+                    ops.append(dist.P2POp(dist.irecv, st.bufs[k], src, group))
+                if sending:
+                    ops.append(dist.P2POp(dist.isend, data, dst, group))
+                peers = " and ".join(p for p in (inward, outward) if p)
+                with _translated(where, f"exchanging with {peers} timed out",
+                                 f"exchanging with {peers} failed", peers):
+                    works = dist.batch_isend_irecv(ops)
+                per_op = works if len(works) == len(ops) else [works[-1]] * len(ops)
+                if receiving:
+                    recv_works.append(per_op[0])
+                if sending:
+                    send_works.append(per_op[-1])
+                continue
+            if receiving:
+                with _translated(where, recv_late, recv_failed, inward):
+                    recv_works.append(dist.irecv(st.bufs[k], src, group=group))
+            if sending:
+                with _translated(where, send_late, send_failed, outward):
+                    send_works.append(dist.isend(data, dst, group=group))
+        for t, buf, work in zip(st.recvs, st.bufs, recv_works):
+            _wait(work, timeout, where, recv_late, recv_failed, inward)
+            state.receive(t, buf)
+            stats.bytes_received += buf.numel()
+        for work in send_works:
+            _wait(work, timeout, where, send_late, send_failed, outward)
+    finally:
+        # After a failure the works left are abandoned: releasing them here, in the calling
+        # thread, makes gloo drop its references to their buffers now (it never touches a
+        # released buffer), instead of whenever the traceback holding this frame goes away.
+        recv_works.clear()
+        send_works.clear()
+        outgoing.clear()
 
 
 def run_p2p(
@@ -521,7 +725,8 @@ def run_p2p(
         group: Process group (default: the world).
         call: Call counter, part of every random stream; the caller counts calls so that all
             ranks pass the same value (:func:`dynamiq.collectives.api.all_reduce` does).
-        timeout: Seconds to wait for any one message (and for the metadata check).
+        timeout: Seconds (a real number or a ``timedelta``) to wait for any one message
+            (and for the metadata check); finite, positive, at most :data:`MAX_TIMEOUT`.
         tile_elems: Coordinates per message for chunks larger than that (rounded down to a
             multiple of the pipeline's block size); default :data:`TILE_ELEMS`.
         dtype: The caller's dtype before widening to float32, checked to agree across ranks
@@ -539,12 +744,20 @@ def run_p2p(
         ``simulate(pipeline, inputs, call=call).results[rank]``.
 
     Raises:
-        RuntimeError: ranks disagree on the call (on every rank), or a peer failed.
-        TimeoutError: a peer did not take part within ``timeout`` seconds.
+        TypeError: ``tensor`` is not a 1-D float32 tensor, or ``timeout`` not a number or
+            ``timedelta``.
+        ValueError: bad ``op``, ``backend``, ``tile_elems`` or ``timeout``, or a pipeline whose
+            topology does not fit the group size (also at size 1).
+        CallMismatchError: the ranks disagree on the call (raised on every rank before any
+            data moves; the group stays usable).
+        RuntimeError: a peer failed or closed its connection (names the step and the peer).
+        TimeoutError: a peer did not take part within ``timeout`` seconds (names the step and
+            the peer).
     """
     global last_stats
     t0 = time.perf_counter()
     p = get_pipeline(pipeline)
+    timeout = _check_timeout(timeout)
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32 or tensor.dim() != 1:
         raise TypeError("run_p2p needs a 1-D float32 tensor")
     if not tensor.is_contiguous():
@@ -567,13 +780,14 @@ def run_p2p(
     d = tensor.numel()
     spec = str(p)
     stats = P2PStats(rank, world, d, call, spec)
+    # raises the same ValueError on every rank, before anyone waits for anyone (and at world
+    # size 1 too, where the result is a copy: a pipeline that cannot run there is a mistake)
+    p.topology.check_world_size(world)
     if world == 1:
         out = tensor if consume else tensor.clone()
         stats.seconds = time.perf_counter() - t0
         last_stats = stats
         return out
-    # raises the same ValueError on every rank, before anyone waits for anyone
-    p.topology.check_world_size(world)
     stats.metadata_bytes = _check_metadata(
         group, rank, world, tensor.device, timeout, numel=d,
         dtype=tensor.dtype if dtype is None else dtype, pipeline=spec, op=op, call=call,
@@ -584,8 +798,7 @@ def run_p2p(
     length = y.numel()
     layout = _cached(_layouts, (p, world, length, tile),
                      lambda: _build_layout(p, world, length, tile))
-    gkey = dist.group.WORLD if group is None else group
-    prog = _cached(_programs, (p, world, length, tile, gkey, rank, str(y.device)),
+    prog = _cached(_programs, (p, world, length, tile, _group_key(group), rank, str(y.device)),
                    lambda: _build_program(layout, rank, y.device))
     plan = _TiledPlan(prog.layout, call, backend)
     with prog.lock:

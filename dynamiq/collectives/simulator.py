@@ -134,6 +134,7 @@ def simulate(
         exact = exact / n
     if track_hops is None:
         track_hops = n * d <= 2**26
+    p.topology.check_world_size(n)  # also at n == 1, as the P2P executor does
     if n == 1:
         res = x32.clone()
         return SimulationResult(res, exact, 0.0, [], [0], [0.0], time.perf_counter() - t0)

@@ -1,0 +1,213 @@
+"""Small gloo worlds on localhost for multi-process tests.
+
+:func:`spawn_world`: every rank is a fresh ``spawn`` process that joins a gloo process group on
+a free local port, runs a plan function and sends back what it returns (plain Python/numpy
+values) through a queue. Processes are the expensive part on a small machine (each imports
+torch and dynamiq): give one world as many checks as it can take.
+
+:func:`fork_worlds`: many short worlds in a row, for checks that need many fresh processes
+(e.g. how processes exit). One helper interpreter imports everything once and forks the ranks
+of each world; every rank ends through the interpreter's normal shutdown, as a script does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import importlib
+import json
+import os
+import queue as queue_mod
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+@dataclass
+class World:
+    """What a spawned world left behind.
+
+    Attributes:
+        results: Per reporting rank, the dict its plan returned (a rank that raised reports
+            ``{"crash": traceback}``; a rank that died reports nothing).
+        exitcodes: Every process's exit code (negative: killed by that signal, e.g. -6 for
+            an abort).
+    """
+
+    results: dict[int, dict]
+    exitcodes: list[int | None]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, n: int, port: int, plan: Callable, args: tuple, queue,
+               barriers: list) -> None:
+    torch.set_num_threads(1)
+    out: dict = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=n, timeout=datetime.timedelta(seconds=60))
+        out = plan(rank, n, barriers, *args)
+    except Exception:
+        out = {"crash": traceback.format_exc()}
+    # a plan may destroy the process group itself (to check what that leaves behind)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    queue.put((rank, out))
+
+
+def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | None = None,
+                barriers: tuple[int, ...] = (), deadline: float = 240.0) -> World:
+    """Run ``plan(rank, n, barriers, *args)`` on every rank of a fresh gloo world of ``n``.
+
+    Args:
+        n: Number of processes.
+        plan: A module-level function (the spawned processes import it by name) returning a
+            dict of picklable values.
+        args: Further arguments of ``plan``.
+        report: Ranks expected to report (default: all); the others may die on purpose.
+        barriers: Sizes of ``multiprocessing`` barriers handed to the plan, for syncing
+            ranks outside torch.distributed (e.g. the survivors of a killed rank).
+        deadline: Seconds to wait for the reports and the exits.
+
+    Returns:
+        The ranks' reports and every process's exit code.
+    """
+    report = set(range(n)) if report is None else set(report)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    bars = [ctx.Barrier(k) for k in barriers]
+    port = free_port()
+    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
+    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")  # n processes, few cores
+    try:
+        procs = [ctx.Process(target=_rank_main, args=(r, n, port, plan, args, queue, bars))
+                 for r in range(n)]
+        for pr in procs:
+            pr.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    results: dict[int, dict] = {}
+    end = time.monotonic() + deadline
+    try:
+        while not report <= set(results):
+            try:
+                rank, out = queue.get(timeout=max(1.0, end - time.monotonic()))
+            except queue_mod.Empty:
+                codes = [pr.exitcode for pr in procs]
+                raise AssertionError(f"world of {n}: only ranks {sorted(results)} reported "
+                                     f"within {deadline}s; exit codes {codes}") from None
+            results[rank] = out
+        for pr in procs:
+            pr.join(timeout=max(1.0, end - time.monotonic()))
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+                pr.join()
+    return World(results, [pr.exitcode for pr in procs])
+
+
+# ---- many worlds forked from one interpreter --------------------------------------------------
+# No thread pools in the helper (a process with threads cannot fork safely), and Numba's
+# workqueue layer, which is fork-safe: its OpenMP layer, set up when dynamiq is imported,
+# terminates a forked child that runs a parallel kernel.
+_FORK_SAFE = {"NUMBA_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "workqueue",
+              "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def fork_worlds(n: int, plan: Callable, worlds: list[tuple], *,
+                deadline: float = 300.0) -> list[World]:
+    """Run ``plan(rank, n, [], *args)`` for each ``args`` of ``worlds`` in a fresh gloo world of
+    ``n`` processes, one world after the other.
+
+    Args:
+        n: Ranks per world.
+        plan: A module-level function of a module importable from this directory, returning
+            a JSON-serializable dict.
+        worlds: Per world, the further (JSON-serializable) arguments of ``plan``.
+        deadline: Seconds for all the worlds together.
+
+    Returns:
+        Per world, the ranks' reports and exit codes (negative: killed by that signal, e.g.
+        -6 for an abort).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.abspath(__file__), plan.__module__, plan.__name__, str(n),
+           json.dumps([list(args) for args in worlds]), str(deadline)]
+    proc = subprocess.Popen(cmd, cwd=here, env={**os.environ, **_FORK_SAFE},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=deadline + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the helper and every rank it forked
+        stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"worlds did not finish within {deadline}s:\n{stderr[-3000:]}") from None
+    done = [json.loads(line[6:]) for line in stdout.splitlines() if line.startswith("WORLD ")]
+    if proc.returncode != 0 or len(done) != len(worlds):
+        raise AssertionError(f"helper exited with {proc.returncode} after {len(done)} of "
+                             f"{len(worlds)} worlds:\n{stderr[-3000:]}")
+    return [World({int(r): out for r, out in w["results"].items()}, w["codes"]) for w in done]
+
+
+def _forked_rank(rank: int, n: int, port: int, plan: Callable, args: list, report,
+                 deadline: float) -> None:
+    faulthandler.dump_traceback_later(deadline, exit=True)  # a hung rank ends, with a trace
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=n, timeout=datetime.timedelta(seconds=60))
+        out = plan(rank, n, [], *args)
+    except Exception:
+        out = {"crash": traceback.format_exc()}
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    report.write(json.dumps([rank, out]) + "\n")
+    report.close()
+    # leave through the interpreter's normal shutdown, as a script does: what the check is about
+    sys.exit(0)
+
+
+def _helper(module: str, name: str, n: int, worlds: list[list], deadline: float) -> None:
+    plan = getattr(importlib.import_module(module), name)
+    end = time.monotonic() + deadline
+    for args in worlds:
+        port = free_port()
+        read_end, write_end = os.pipe()
+        pids = []
+        for rank in range(n):
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_end)
+                _forked_rank(rank, n, port, plan, args, os.fdopen(write_end, "w"),
+                             max(1.0, end - time.monotonic()))
+            pids.append(pid)
+        os.close(write_end)
+        with os.fdopen(read_end) as reports:
+            results = dict(json.loads(line) for line in reports)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        print("WORLD " + json.dumps({"results": results, "codes": codes}), flush=True)
+
+
+if __name__ == "__main__":
+    _module, _name, _n, _worlds, _deadline = sys.argv[1:]
+    _helper(_module, _name, int(_n), json.loads(_worlds), float(_deadline))
