@@ -25,17 +25,12 @@ from __future__ import annotations
 import functools
 import math
 import os
-import queue as queue_mod
-import socket
-import time
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from _world import spawn_world
 
 from dynamiq import PIPELINES, DynamiQ, Sparse, get_pipeline, simulate
 
@@ -179,63 +174,22 @@ def test_fuzz_simulate_long(one_numba_thread):
 
 
 # ---- all_reduce against simulate on local processes -------------------------------------------
-def _worker(rank: int, n: int, port: int, cases: list[Case], queue) -> None:
-    try:
-        from dynamiq.collectives import api, p2p
+def _reduce_cases(rank: int, n: int, _barriers, cases: list[Case]) -> dict:
+    """One rank's all_reduce of every case (run in a spawned process)."""
+    from dynamiq.collectives import api, p2p
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=__import__("datetime").timedelta(60))
-        out = []
-        for case in cases:
-            # every case starts from call 0 and fresh codec state, as simulate does
-            api.reset_call_counters()
-            p2p.clear_cache()
-            t = case.inputs()[rank].clone()
-            try:
-                api.all_reduce(t, case.pipeline, timeout=60)
-                out.append(("ok", t.numpy().copy()))
-            except Exception as e:
-                out.append(("err", f"{type(e).__name__}: {e}"))
-        dist.destroy_process_group()
-        queue.put((rank, out))
-    except BaseException:
-        queue.put((rank, traceback.format_exc()))
-
-
-def _run_world(n: int, cases: list[Case]) -> list:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    try:
-        procs = [ctx.Process(target=_worker, args=(r, n, port, cases, queue)) for r in range(n)]
-        for pr in procs:
-            pr.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    results = {}
-    deadline = time.monotonic() + 600
-    try:
-        while len(results) < n:
-            try:
-                rank, out = queue.get(timeout=max(1.0, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                raise AssertionError(f"only ranks {sorted(results)} reported") from None
-            assert not isinstance(out, str), f"rank {rank} crashed:\n{out}"
-            results[rank] = out
-    finally:
-        for pr in procs:
-            pr.join(timeout=30)
-            if pr.is_alive():
-                pr.kill()
-    return [results[r] for r in range(n)]
+    out = []
+    for case in cases:
+        # every case starts from call 0 and fresh codec state, as simulate does
+        api.reset_call_counters()
+        p2p.clear_cache()
+        t = case.inputs()[rank].clone()
+        try:
+            api.all_reduce(t, case.pipeline, timeout=60)
+            out.append(("ok", t.numpy().copy()))
+        except Exception as e:
+            out.append(("err", f"{type(e).__name__}: {e}"))
+    return {"cases": out}
 
 
 @pytest.mark.parametrize("n", [3, 4])
@@ -251,11 +205,13 @@ def test_fuzz_all_reduce_equals_simulate(n):
     # simulate and only the coordinate in all_reduce: gloo's MAX dropped the NaN)
     cases += [Case(name, n, 64, 1.0, 7, ((n - 1, 3, math.nan),))
               for name in PIPELINES.names() if _supported(name, n)]
-    got = _run_world(n, cases)
+    world = spawn_world(n, _reduce_cases, (cases,), deadline=600)
+    for r in range(n):
+        assert "crash" not in world.results[r], world.results[r].get("crash")
     for k, case in enumerate(cases):
         sim = simulate(case.pipeline, case.inputs()).results
         for r in range(n):
-            status, value = got[r][k]
+            status, value = world.results[r]["cases"][k]
             assert status == "ok", f"{case}: rank {r}: {value}"
             assert np.array_equal(value.view(np.int32), sim[r].numpy().view(np.int32)), (
                 f"{case}: rank {r} differs from simulate")
