@@ -1,4 +1,4 @@
-"""The paper's baselines as registered pipelines (DYNAMIQ.md §3).
+"""The paper's baselines as registered pipelines (docs/method.rst, baselines).
 
 Importing this module registers, in :data:`dynamiq.pipeline.PIPELINES` (nominal budget ``b̄``
 in bits per coordinate, metadata included):

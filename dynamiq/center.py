@@ -1,4 +1,4 @@
-"""Mean-centering through the metadata phase (DYNAMIQ.md §2.3).
+"""Mean-centering through the metadata phase (docs/method.rst, step 2).
 
 Every rank subtracts the global per-super-group mean ``μ_j = (Σ_i S_ij) / (n · c_j)`` (``S_ij``
 rank ``i``'s sum over super-group ``j`` of ``c_j`` coordinates) before the reduction, so the

@@ -125,7 +125,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             continue
         r = simulate(p, inputs)
         label = name if name in PIPELINES else str(p)
-        # the budget b̄ (metadata included) as DYNAMIQ.md §1 counts it
+        # the budget b̄ (metadata included) as docs/method.rst (How methods are measured) counts it
         bits = r.bits
         worst = max(r.hop_vnmse) if r.hop_vnmse else 0.0
         print(f"{label:<24} {bits:>10.3f} {r.vnmse:>11.3e} {worst:>11.3e} {r.seconds:>8.2f}")

@@ -8,7 +8,7 @@ warm start, the MX auto-scale factor, OmniReduce's ``k``) is carried from point 
 training, after one unmeasured call on the first point so that adaptive baselines start tuned.
 
 Bits per coordinate are measured: the bytes every virtual rank put on the wire plus the metadata
-phase's BF16 values, normalised as DYNAMIQ.md §1 counts ``b̄``
+phase's BF16 values, normalised as docs/method.rst counts ``b̄``
 (:attr:`dynamiq.SimulationResult.bits`).
 """
 
@@ -39,7 +39,7 @@ __all__ = [
 DEFAULT_METHODS = ("dynamiq", "dynamiq-paper", "bf16", "mxfp8", "mxfp6", "mxfp4", "nvfp4",
                    "thc", "omnireduce")
 
-#: The ablation of DYNAMIQ.md §4, each step adding one ingredient, all at 5 bits/coordinate (a
+#: The paper's ablation, each step adding one ingredient, all at 5 bits/coordinate (a
 #: fixed 4-bit width with a BF16 scale per group of 16 costs exactly 5), then the steps by which
 #: the default goes beyond the paper. In a ring, correlated rounding cannot lower the error of an
 #: unbiased pipeline (each coordinate is rounded once per tree height, and roundings along one

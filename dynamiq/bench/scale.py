@@ -1,9 +1,10 @@
 """``dynamiq bench scale``: the synthetic large-scale model as the number of ranks grows.
 
-DYNAMIQ.md §4: super-group norms from a two-component log-normal mixture, coordinates
-``N(0, M²/256)`` independently per rank (:class:`~dynamiq.bench.workloads.LogNormal`). DynamiQ
-at several budgets (widths 2–8 and 16: BF16 is the top width at large scale, as in the paper's
-simulation) against MXFP8, on ring and butterfly.
+The paper's synthetic model (docs/method.rst): super-group norms from a two-component
+log-normal mixture, coordinates ``N(0, M²/256)`` independently per rank
+(:class:`~dynamiq.bench.workloads.LogNormal`). DynamiQ at several budgets (widths 2–8 and 16:
+BF16 is the top width at large scale, as in the paper's simulation) against MXFP8, on ring and
+butterfly.
 
 Memory stays bounded by streaming: the vector is reduced slice by slice (every rank's slice is
 generated on demand), each slice one simulated all-reduce with its own metadata phase and width

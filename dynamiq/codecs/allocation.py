@@ -1,4 +1,4 @@
-"""Bit-width allocation across super-groups under a budget (DYNAMIQ.md §2.4).
+"""Bit-width allocation across super-groups under a budget (docs/method.rst, step 3).
 
 Super-group ``j`` with energy ``E_j`` (the global sum of squares) coded at width ``w`` is
 modelled to cost ``E_j · v(w)`` squared error and ``c(w)`` bits. The allocation minimises

@@ -1,4 +1,4 @@
-"""The THC baseline as a partial-sum codec: integer codes summed exactly (DYNAMIQ.md §3).
+"""The THC baseline as a partial-sum codec: integer codes summed exactly (docs/method.rst).
 
 THC (NSDI'24) quantizes every rank's (randomly rotated, see the ``rht`` transform) vector onto
 one uniform grid shared by all ranks, so that *integer indices* can be summed exactly along the

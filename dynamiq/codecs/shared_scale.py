@@ -1,4 +1,4 @@
-"""The MX baselines (MXFP8 / MXFP6 / MXFP4, NVFP4) as a partial-sum codec (DYNAMIQ.md §3).
+"""The MX baselines (MXFP8 / MXFP6 / MXFP4, NVFP4) as a partial-sum codec (docs/method.rst).
 
 Every block of ``block`` consecutive coordinates shares one scale that all ranks derive from the
 metadata phase, so no scale travels with the data and every hop re-casts onto the *same* grid:

@@ -1,4 +1,4 @@
-"""The OmniReduce baseline as a partial-sum codec: block sparsification (DYNAMIQ.md §3).
+"""The OmniReduce baseline as a partial-sum codec: block sparsification (docs/method.rst).
 
 The vector is cut into blocks of 256 coordinates. Only a call-wide set of *selected* blocks
 travels, exactly summed in BF16; every other block is dropped (its result is 0), which biases

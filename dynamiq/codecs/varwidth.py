@@ -1,6 +1,6 @@
 """The DynamiQ codec: per-super-group bit widths under a budget, coded in one message.
 
-DYNAMIQ.md §2.4–2.9. From the metadata phase (global per-super-group sums and sums of
+See docs/method.rst. From the metadata phase (global per-super-group sums and sums of
 squares; 8 bits each on the wire by default, BF16 in the paper) every rank derives the same
 coding option, a width and a group size, for every super-group of 256 coordinates
 (:mod:`dynamiq.codecs.allocation`); no width map travels. A chunk's message is the

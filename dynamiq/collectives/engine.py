@@ -2,7 +2,8 @@
 
 An executor (the in-process simulator, the ``torch.distributed`` P2P executor) only moves
 bytes; *what* a rank sends and does with what it receives is decided here, so all executors
-give bit-identical results. For each chunk, a rank plays the roles of DYNAMIQ.md §2.9:
+give bit-identical results. For each chunk, a rank plays one of the roles of the method
+page's hops (docs/method.rst):
 
 * **leaf** (no children in the chunk's tree): compresses its local chunk when it sends;
 * **internal node**: ``decompress_accumulate`` for every incoming partial sum but the last,

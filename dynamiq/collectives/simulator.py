@@ -43,10 +43,10 @@ class SimulationResult:
         stats: Global per-block statistics of the metadata phase as the codecs saw them
             (``None`` unless the pipeline's components declare some).
         metadata_bits: Bits each rank contributes to the metadata phase.
-        bits: The average budget ``b̄`` in bits per coordinate, metadata included, as
-            DYNAMIQ.md §1 counts it: a throughput-optimal all-reduce moves ``2(n−1)/n · b̄``
-            bits per coordinate per rank, so ``b̄ = (8·mean(bytes_sent) / (2(n−1)/n) +
-            metadata_bits) / d``.
+        bits: The average budget ``b̄`` in bits per coordinate, metadata included, as the
+            method page counts it (docs/method.rst): a throughput-optimal all-reduce moves
+            ``2(n−1)/n · b̄`` bits per coordinate per rank, so
+            ``b̄ = (8·mean(bytes_sent) / (2(n−1)/n) + metadata_bits) / d``.
     """
 
     results: torch.Tensor

@@ -1,4 +1,4 @@
-"""Width allocation under a budget (:mod:`dynamiq.codecs.allocation`, DYNAMIQ.md §2.4).
+"""Width allocation under a budget (:mod:`dynamiq.codecs.allocation`).
 
 The allocator minimises the modelled error ``Σ_j E_j v(w_j)`` subject to ``Σ_j c(w_j) ≤ B`` by a
 Lagrangian bisection followed by a greedy settle of the super-groups that flip inside the final

@@ -1,4 +1,4 @@
-"""The paper's baselines (DYNAMIQ.md §3) as partial-sum codecs and registered pipelines.
+"""The paper's baselines (docs/method.rst) as partial-sum codecs and registered pipelines.
 
 * ``shared_scale`` (MXFP8/6/4, NVFP4): round-to-nearest-even onto a shared per-block grid,
   saturation, the auto-scale factor;

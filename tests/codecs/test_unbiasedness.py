@@ -1,4 +1,4 @@
-"""Is the DynamiQ all-reduce an unbiased estimate of the exact sum? (DYNAMIQ.md §1, §2.6–2.8)
+"""Is the DynamiQ all-reduce an unbiased estimate of the exact sum? (docs/method.rst)
 
 The statistic
 -------------

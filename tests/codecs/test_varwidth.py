@@ -204,8 +204,8 @@ def test_vnmse_decreases_with_the_budget():
 
 
 def test_butterfly_beats_ring_with_eight_ranks():
-    """Butterfly paths have depth log2 n instead of n − 1 (DYNAMIQ.md §2, topologies); measured
-    0.59× the ring's vNMSE here, required < 0.8×."""
+    """Butterfly paths have depth log2 n instead of n − 1 (the topologies of
+    docs/concepts.rst); measured 0.59× the ring's vNMSE here, required < 0.8×."""
     x = _gradients(8, D, seed=2, sigma=2.0)
     ring = simulate("center+dynamiq@ring", x, track_hops=False).vnmse
     fly = simulate("center+dynamiq@butterfly", x, track_hops=False).vnmse
