@@ -49,6 +49,8 @@ _P_PERM = 0x5045524D
 
 _MODE = {"nearest": 0, "stochastic": 1, "correlated": 4}
 _SMODE = {"nearest": 0, "stochastic": 1, "up": 2, "down": 3, "ocp": 3}
+#: What ``acc`` holds after a fused recompress, as the kernels number it.
+_WRITEBACK_MODES = {"none": 0, "sum": 1, "decoded": 2}
 
 
 #: Below this many coordinates a kernel runs on the calling thread only: waking the thread pool
@@ -437,14 +439,15 @@ class BlockQuantizer:
         be = _backend_for(backend, x)
         x = self._check_input(x, be)
         n = x.numel()
-        if self._is_cut(n):
-            self._check_out(n, out)
-            full = self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset,
-                                       torch.empty(self._kernel_nbytes(n), dtype=torch.uint8,
-                                                   device=x.device))
-            return Payload(self, n, self._compact(full.data, n, out))
         self._check_out(n, out)
-        return self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset, out)
+        if not self._is_cut(n):
+            return self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset,
+                                       out)
+        # the kernels write whole blocks: encode into their layout, cut it to the wire's
+        full = self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset,
+                                   torch.empty(self._kernel_nbytes(n), dtype=torch.uint8,
+                                               device=x.device))
+        return Payload(self, n, self._compact(full.data, n, out))
 
     def _encode_kernel(self, x, n, be, seed, rank, world_size, stream, index_offset, out
                        ) -> Payload:
@@ -565,9 +568,9 @@ class BlockQuantizer:
             The outgoing :class:`Payload`. Equivalent to
             ``encode(acc + decode(payload, <encoder keys>), ...)`` bit for bit.
         """
-        modes = {"none": 0, "sum": 1, "decoded": 2}
-        if writeback not in modes:
-            raise ValueError(f"writeback must be one of {tuple(modes)}, got {writeback!r}")
+        if writeback not in _WRITEBACK_MODES:
+            raise ValueError(f"writeback must be one of {tuple(_WRITEBACK_MODES)}, got "
+                             f"{writeback!r}")
         if payload.quantizer != self:
             raise ValueError("payload was written by a different quantizer")
         n = payload.n
@@ -575,20 +578,20 @@ class BlockQuantizer:
             raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
                              f"got {payload.data.numel()}")
         self._check_out(n, out)
-        if self._is_cut(n):
-            # the kernels work on whole blocks: expand, run, cut the result to the wire layout
-            full = self._recompress_kernel(
-                Payload(self, n, self._expand(payload.data, n)), acc, modes[writeback], seed,
-                rank, world_size, stream, index_offset,
-                torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=acc.device),
-                backend, in_rank, in_stream, writeback)
-            return Payload(self, n, self._compact(full.data, n, out))
-        return self._recompress_kernel(payload, acc, modes[writeback], seed, rank, world_size,
-                                       stream, index_offset, out, backend, in_rank, in_stream,
-                                       writeback)
+        if not self._is_cut(n):
+            return self._recompress_kernel(payload, acc, writeback, seed, rank, world_size,
+                                           stream, index_offset, out, backend, in_rank,
+                                           in_stream)
+        # the kernels work on whole blocks: expand, run, cut the result to the wire layout
+        full = self._recompress_kernel(
+            Payload(self, n, self._expand(payload.data, n)), acc, writeback, seed, rank,
+            world_size, stream, index_offset,
+            torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=acc.device),
+            backend, in_rank, in_stream)
+        return Payload(self, n, self._compact(full.data, n, out))
 
-    def _recompress_kernel(self, payload, acc, mode, seed, rank, world_size, stream,
-                           index_offset, out, backend, in_rank, in_stream, writeback) -> Payload:
+    def _recompress_kernel(self, payload, acc, writeback, seed, rank, world_size, stream,
+                           index_offset, out, backend, in_rank, in_stream) -> Payload:
         if _backend_for(backend, acc) == "triton":
             from dynamiq.kernels.triton import launch
 
@@ -623,7 +626,7 @@ class BlockQuantizer:
         with _threads_for(n):
             self._kernels.recompress(
                 a, tail, nfull, nblocks, n, *payload.sections(), *result.sections(), tables,
-                consts, rand, irand, mode,
+                consts, rand, irand, _WRITEBACK_MODES[writeback],
             )
         if nblocks > nfull and writeback != "none":
             a[cut:] = tail[: n - cut]

@@ -290,7 +290,7 @@ class RandomizedHadamard(Transform):
         n = x.numel()
         out = torch.zeros(self.padded_length(n), dtype=torch.float32, device=x.device)
         out[:n] = x
-        scales = self._range_scales(out)
+        scales = None if self._fits(out) else self._range_scales(out)
         if be == "triton":
             from dynamiq.kernels.triton import hadamard as th
 
@@ -300,21 +300,26 @@ class RandomizedHadamard(Transform):
             rht_forward(buf, buf, self.block_size, k0, k1, rht_norm(self.block_size))
         return self._unscale(out, scales)
 
+    def _fits(self, v: torch.Tensor) -> bool:
+        """Whether no butterfly of any block of ``v`` can overflow float32 (one pass, no
+        temporary): the unnormalised transform adds up to ``B`` values, so every magnitude
+        below ``2**127 / B`` is safe. A non-finite value answers ``False``."""
+        lo, hi = torch.aminmax(v)
+        top = max(-float(lo), float(hi))
+        return math.isfinite(top) and top < 2.0 ** (127 - (self.block_size.bit_length() - 1))
+
     def _range_scales(self, v: torch.Tensor) -> torch.Tensor | None:
         """Scale blocks whose butterflies would overflow float32; returns the factors to undo.
 
-        The unnormalised transform adds up to ``B`` values, so a block whose largest finite
-        magnitude exceeds ``2**127 / B`` would overflow mid-transform although its rotated
-        values fit. Such a block is multiplied (in place) by the power of two that brings it
-        below that bound, and the result by its inverse afterwards; both are exact, so the
-        bits are those of an overflow-free float32 evaluation. Returns ``None`` (nothing
-        scaled, the common case, decided with one pass) or float32 ``[blocks, 1]`` factors.
+        A block whose largest finite magnitude exceeds ``2**127 / B`` would overflow
+        mid-transform although its rotated values fit. Such a block is multiplied (in place)
+        by the power of two that brings it below that bound, and the result by its inverse
+        afterwards; both are exact, so the bits are those of an overflow-free float32
+        evaluation. Only called when :meth:`_fits` says no. Returns ``None`` (no block needed
+        it) or float32 ``[blocks, 1]`` factors.
         """
         b = self.block_size
         logb = b.bit_length() - 1
-        top = float(v.abs().amax()) if v.numel() else 0.0
-        if math.isfinite(top) and top < 2.0 ** (127 - logb):
-            return None
         rows = v.view(-1, b)
         a = torch.where(torch.isfinite(rows), rows.abs(), torch.zeros_like(rows)).amax(1)
         e = torch.frexp(a).exponent.to(torch.int64)  # a < 2**e
@@ -367,9 +372,8 @@ class RandomizedHadamard(Transform):
         used = self.padded_length(n)
         out = torch.empty(used, dtype=torch.float32, device=y.device)
         src = y[:used]
-        top = float(src.abs().amax())
         scales = None
-        if not (math.isfinite(top) and top < 2.0 ** (127 - self.block_size.bit_length() + 1)):
+        if not self._fits(src):
             src = src.clone()  # scaled in place: never the caller's tensor
             scales = self._range_scales(src)
         if be == "triton":

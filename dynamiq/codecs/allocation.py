@@ -61,7 +61,8 @@ def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float
     err = np.array([o.error for o in options])
     cost = np.array([o.cost for o in options])[None, :] if costs is None else costs
     # an excluded option (infinite cost) stays excluded even where λ underflows to 0
-    price = np.where(np.isinf(cost), np.inf, lam * np.where(np.isinf(cost), 0.0, cost))
+    excluded = np.isinf(cost)
+    price = np.where(excluded, np.inf, lam * np.where(excluded, 0.0, cost))
     obj = energy[:, None] * err[None, :] + price
     return np.argmin(obj, axis=1)
 

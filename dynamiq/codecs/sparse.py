@@ -149,7 +149,9 @@ class Sparse(PartialSumCodec):
                 (the budget cannot hold at any length).
         """
         blocks = -(-length // BLOCK)
-        per_block = metadata_bits(self.statistics, BLOCK) - 8 + self.metadata_bits(BLOCK)
+        # what one more block adds to the metadata (the per-vector shift byte excluded)
+        per_block = (metadata_bits(self.statistics, 2 * BLOCK)
+                     - metadata_bits(self.statistics, BLOCK) + self.metadata_bits(BLOCK))
         if self.bits * BLOCK < per_block:
             raise ValueError(
                 f"sparse(bits={self.bits:g}): the metadata alone costs "

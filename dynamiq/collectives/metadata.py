@@ -175,6 +175,17 @@ def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
     return out
 
 
+def _magnitudes(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """``(finite mask, |t| with non-finite values as 0, floor(log2) of the largest finite
+    magnitude)`` of one rank's values; the exponent is ``None`` when all are 0 or non-finite.
+    The per-vector shift of the statistics' wire formats is taken from it."""
+    finite = torch.isfinite(t)
+    a = torch.where(finite, t.abs(), torch.zeros_like(t))
+    if a.numel() == 0 or float(a.max()) == 0.0:
+        return finite, a, None
+    return finite, a, int(torch.frexp(a.max()).exponent) - 1
+
+
 def round_bf16_shifted(t: torch.Tensor, keep_nonzero: bool = False) -> torch.Tensor:
     """float64 → BF16 values under a per-vector power-of-two shift (the ``"bf16"`` wire of an
     additive statistic).
@@ -194,11 +205,9 @@ def round_bf16_shifted(t: torch.Tensor, keep_nonzero: bool = False) -> torch.Ten
         float64 tensor, same shape, 8 significant bits per value (non-finite values pass
         through).
     """
-    finite = torch.isfinite(t)
-    a = torch.where(finite, t.abs(), torch.zeros_like(t))
-    if a.numel() == 0 or float(a.max()) == 0.0:
+    finite, _, top = _magnitudes(t)
+    if top is None:
         return t.clone()
-    top = int(torch.frexp(a.max()).exponent) - 1
     shift = top - top % 4
     r = torch.ldexp(round_bf16(torch.ldexp(t, torch.tensor(-shift))), torch.tensor(shift))
     if keep_nonzero:
@@ -224,11 +233,9 @@ def round_fp8(t: torch.Tensor, exponents: int = 16, keep_nonzero: bool = False) 
     Returns:
         float64 tensor, same shape (non-finite values pass through).
     """
-    finite = torch.isfinite(t)
-    a = torch.where(finite, t.abs(), torch.zeros_like(t))
-    if a.numel() == 0 or float(a.max()) == 0.0:
+    finite, a, top = _magnitudes(t)
+    if top is None:
         return t.clone()
-    top = int(torch.frexp(a.max()).exponent) - 1  # floor(log2 max)
     lowest = top + 2 - exponents  # the top binade may be reached by rounding up
     e = torch.frexp(torch.where(a > 0, a, torch.ones_like(a))).exponent - 1
     # the step never goes below float64's smallest subnormal, where it would flush to zero (and
