@@ -13,20 +13,14 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
 import math
-import os
-import queue as queue_mod
-import socket
 import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from _world import world_results
 
 import dynamiq.baselines  # noqa: F401  (registers the baseline pipelines)
 from dynamiq import PIPELINES, HopContext, Pipeline, get_codec, get_pipeline, simulate
@@ -569,64 +563,22 @@ def _gloo_inputs(n: int) -> torch.Tensor:
     return _inputs(n, GLOO_D, seed=9, shared_scales=False)
 
 
-def _gloo_worker(rank: int, n: int, port: int, queue) -> None:
-    torch.set_num_threads(1)
+def _gloo_plan(rank: int, n: int, _barriers: list) -> dict:
     out: dict = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=datetime.timedelta(seconds=60))
-        x = _gloo_inputs(n)[rank]
-        for name in GLOO_PIPES:
-            for call in (0, 1):
-                t = x.clone()
-                api.all_reduce(t, name, timeout=30)
-                out[(name, call)] = (t.numpy().copy(), p2p.last_stats.bytes_sent)
-            y = p2p.run_p2p(x.clone(), name, call=7, timeout=30, tile_elems=GLOO_TILE)
-            out[(name, "tiled")] = (y.numpy().copy(), p2p.last_stats.bytes_sent)
-    except Exception:
-        out["crash"] = traceback.format_exc()
-    queue.put((rank, out))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    x = _gloo_inputs(n)[rank]
+    for name in GLOO_PIPES:
+        for call in (0, 1):
+            t = x.clone()
+            api.all_reduce(t, name, timeout=30)
+            out[(name, call)] = (t.numpy().copy(), p2p.last_stats.bytes_sent)
+        y = p2p.run_p2p(x.clone(), name, call=7, timeout=30, tile_elems=GLOO_TILE)
+        out[(name, "tiled")] = (y.numpy().copy(), p2p.last_stats.bytes_sent)
+    return out
 
 
 @functools.cache
 def _gloo_world(n: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    try:
-        procs = [ctx.Process(target=_gloo_worker, args=(r, n, port, queue)) for r in range(n)]
-        for pr in procs:
-            pr.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    results: dict[int, dict] = {}
-    deadline = time.monotonic() + 180
-    try:
-        while len(results) < n:
-            try:
-                rank, out = queue.get(timeout=max(1.0, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                raise AssertionError(f"only ranks {sorted(results)} reported; exit codes "
-                                     f"{[pr.exitcode for pr in procs]}") from None
-            results[rank] = out
-    finally:
-        for pr in procs:
-            pr.join(timeout=30)
-            if pr.is_alive():
-                pr.kill()
-    for r in range(n):
-        assert "crash" not in results[r], f"rank {r} crashed:\n{results[r]['crash']}"
-    return [results[r] for r in range(n)]
+    return world_results(n, _gloo_plan, deadline=180)
 
 
 @pytest.mark.parametrize("name", GLOO_PIPES)

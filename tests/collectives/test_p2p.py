@@ -8,20 +8,15 @@ queue. The test functions then compare those results, in this process, with
 
 from __future__ import annotations
 
-import datetime
 import functools
 import math
-import os
-import queue as queue_mod
-import socket
 import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _world import world_results
 
 from dynamiq.codecs import CODECS, Passthrough
 from dynamiq.collectives import api, p2p
@@ -210,63 +205,19 @@ _PLANS = {"main": _plan_main, "features": _plan_features, "group": _plan_group,
           "stall": _plan_stall, "absent": _plan_absent}
 
 
-def _worker(rank, n, port, plans, queue, barrier) -> None:
-    torch.set_num_threads(1)
+def _run_plans(rank: int, n: int, barriers: list, plans: tuple[str, ...]) -> dict:
     out: dict = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=datetime.timedelta(seconds=60))
-        for plan in plans:
-            _PLANS[plan](rank, n, out)
-            # keeps an absent rank alive (its link open) until the others have timed out
-            barrier.wait(timeout=120)
-    except Exception:
-        out["crash"] = traceback.format_exc()
-    queue.put((rank, out))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    for plan in plans:
+        _PLANS[plan](rank, n, out)
+        # keeps an absent rank alive (its link open) until the others have timed out
+        barriers[0].wait(timeout=120)
+    return out
 
 
 @functools.cache
 def _world(n: int, plans: tuple[str, ...]) -> list[dict]:
     """Every rank's results of running ``plans`` in a fresh gloo world of ``n`` processes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue, barrier = ctx.Queue(), ctx.Barrier(n)
-    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")  # n processes on 2 cores
-    try:
-        procs = [ctx.Process(target=_worker, args=(r, n, port, plans, queue, barrier))
-                 for r in range(n)]
-        for pr in procs:
-            pr.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    results: dict[int, dict] = {}
-    deadline = time.monotonic() + 240
-    try:
-        while len(results) < n:
-            try:
-                rank, out = queue.get(timeout=max(1.0, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                codes = [pr.exitcode for pr in procs]
-                raise AssertionError(f"world of {n}: only ranks {sorted(results)} reported; "
-                                     f"exit codes {codes}") from None
-            results[rank] = out
-    finally:
-        for pr in procs:
-            pr.join(timeout=30)
-            if pr.is_alive():
-                pr.kill()
-    for r in range(n):
-        assert "crash" not in results[r], f"rank {r} crashed:\n{results[r]['crash']}"
-    return [results[r] for r in range(n)]
+    return world_results(n, _run_plans, (plans,), barriers=(n,))
 
 
 WORLDS = {1: ("main", "features"), 2: ("main", "features", "stall"), 3: ("main", "absent"),

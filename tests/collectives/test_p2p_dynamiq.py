@@ -21,19 +21,12 @@ numpy / Python values back through a queue.
 
 from __future__ import annotations
 
-import datetime
 import functools
-import os
-import queue as queue_mod
-import socket
-import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from _world import world_results
 
 from dynamiq.codecs import HopContext
 from dynamiq.collectives import api, p2p
@@ -102,59 +95,16 @@ def _plan(rank: int, out: dict) -> None:
         out[f"{key}/untiled"] = (_np(y), _stats())
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    torch.set_num_threads(1)
+def _run_plan(rank: int, _n: int, _barriers: list) -> dict:
     out: dict = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=WORLD, timeout=datetime.timedelta(seconds=120))
-        _plan(rank, out)
-    except Exception:
-        out["crash"] = traceback.format_exc()
-    queue.put((rank, out))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    _plan(rank, out)
+    return out
 
 
 @functools.cache
 def _world() -> list[dict]:
     """Every rank's results, from one gloo world of :data:`WORLD` spawned processes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")  # 4 processes, 2 cores
-    try:
-        procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(WORLD)]
-        for pr in procs:
-            pr.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    results: dict[int, dict] = {}
-    deadline = time.monotonic() + 300
-    try:
-        while len(results) < WORLD:
-            try:
-                rank, out = queue.get(timeout=max(1.0, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                codes = [pr.exitcode for pr in procs]
-                raise AssertionError(f"only ranks {sorted(results)} reported; exit codes "
-                                     f"{codes}") from None
-            results[rank] = out
-    finally:
-        for pr in procs:
-            pr.join(timeout=30)
-            if pr.is_alive():
-                pr.kill()
-    for r in range(WORLD):
-        assert "crash" not in results[r], f"rank {r} crashed:\n{results[r]['crash']}"
-    return [results[r] for r in range(WORLD)]
+    return world_results(WORLD, _run_plan, deadline=300, group_timeout=120)
 
 
 @functools.cache

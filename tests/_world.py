@@ -55,12 +55,13 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, n: int, port: int, plan: Callable, args: tuple, queue,
-               barriers: list) -> None:
+               barriers: list, group_timeout: float) -> None:
     torch.set_num_threads(1)
     out: dict = {}
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=datetime.timedelta(seconds=60))
+                                world_size=n,
+                                timeout=datetime.timedelta(seconds=group_timeout))
         out = plan(rank, n, barriers, *args)
     except Exception:
         out = {"crash": traceback.format_exc()}
@@ -71,7 +72,8 @@ def _rank_main(rank: int, n: int, port: int, plan: Callable, args: tuple, queue,
 
 
 def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | None = None,
-                barriers: tuple[int, ...] = (), deadline: float = 240.0) -> World:
+                barriers: tuple[int, ...] = (), deadline: float = 240.0,
+                group_timeout: float = 60.0) -> World:
     """Run ``plan(rank, n, barriers, *args)`` on every rank of a fresh gloo world of ``n``.
 
     Args:
@@ -83,6 +85,7 @@ def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | 
         barriers: Sizes of ``multiprocessing`` barriers handed to the plan, for syncing
             ranks outside torch.distributed (e.g. the survivors of a killed rank).
         deadline: Seconds to wait for the reports and the exits.
+        group_timeout: The process group's own timeout, in seconds.
 
     Returns:
         The ranks' reports and every process's exit code.
@@ -95,7 +98,8 @@ def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | 
     saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
     os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")  # n processes, few cores
     try:
-        procs = [ctx.Process(target=_rank_main, args=(r, n, port, plan, args, queue, bars))
+        procs = [ctx.Process(target=_rank_main, args=(r, n, port, plan, args, queue, bars,
+                                                       group_timeout))
                  for r in range(n)]
         for pr in procs:
             pr.start()
@@ -126,6 +130,15 @@ def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | 
     return World(results, [pr.exitcode for pr in procs])
 
 
+def world_results(n: int, plan: Callable, args: tuple = (), **kw) -> list[dict]:
+    """:func:`spawn_world` for plans that every rank completes: the ranks' reports in rank
+    order, after checking that none crashed."""
+    world = spawn_world(n, plan, args, **kw)
+    for r in range(n):
+        assert "crash" not in world.results[r], f"rank {r} crashed:\n{world.results[r]['crash']}"
+    return [world.results[r] for r in range(n)]
+
+
 # ---- many worlds forked from one interpreter --------------------------------------------------
 # No thread pools in the helper (a process with threads cannot fork safely), and Numba's
 # workqueue layer, which is fork-safe: its OpenMP layer, set up when dynamiq is imported,
@@ -141,8 +154,8 @@ def fork_worlds(n: int, plan: Callable, worlds: list[tuple], *,
 
     Args:
         n: Ranks per world.
-        plan: A module-level function of a module importable from this directory, returning
-            a JSON-serializable dict.
+        plan: A module-level function (of a test module, imported by name from its folder),
+            returning a JSON-serializable dict.
         worlds: Per world, the further (JSON-serializable) arguments of ``plan``.
         deadline: Seconds for all the worlds together.
 
@@ -151,9 +164,12 @@ def fork_worlds(n: int, plan: Callable, worlds: list[tuple], *,
         -6 for an abort).
     """
     here = os.path.dirname(os.path.abspath(__file__))
+    # the helper imports the plan's module by name: its folder goes on the helper's path
+    where = os.path.dirname(os.path.abspath(sys.modules[plan.__module__].__file__))
+    path = os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH")) if p)
     cmd = [sys.executable, os.path.abspath(__file__), plan.__module__, plan.__name__, str(n),
            json.dumps([list(args) for args in worlds]), str(deadline)]
-    proc = subprocess.Popen(cmd, cwd=here, env={**os.environ, **_FORK_SAFE},
+    proc = subprocess.Popen(cmd, cwd=here, env={**os.environ, **_FORK_SAFE, "PYTHONPATH": path},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
