@@ -89,9 +89,8 @@ class Timer:
 
 def codecs(length: int) -> list[tuple[str, object, object]]:
     """``(label, codec, prepared plan or None)`` of the benchmarked codecs for ``length``."""
-    from dynamiq.codecs import DynamiQ, Requant, SharedScale
+    from dynamiq.codecs import DynamiQ, Requant, SharedScale, WidthPlan
     from dynamiq.codecs.shared_scale import SharedScalePlan
-    from dynamiq.codecs.varwidth import WidthPlan
 
     out: list[tuple[str, object, object]] = [
         ("dq4_hier", Requant("dq4_hier"), None),
@@ -102,7 +101,7 @@ def codecs(length: int) -> list[tuple[str, object, object]]:
     scales = torch.full((blocks,), 2.0**-6, dtype=torch.float32)
     out.append(("mxfp8 (shared scale)", mx,
                 SharedScalePlan(scales, scales * 448.0, 1.0)))
-    dq = DynamiQ(bits=6.0, widths="2/4/8")
+    dq = DynamiQ(bits=6.0, widths=(2, 4, 8))
     sgs = -(-length // 256)
     choice = np.arange(sgs, dtype=np.int64) % 3  # every width, interleaved: a real reorder
     out.append(("dynamiq 2/4/8", dq, WidthPlan(choice, dq.width_list, 0.0, 0.0)))

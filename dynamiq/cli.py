@@ -25,6 +25,7 @@ def _synthetic_gradient(n: int, seed: int) -> torch.Tensor:
 
 def _cmd_formats(args: argparse.Namespace) -> int:
     from dynamiq import FORMATS, QUANTIZERS, TRANSFORMS
+    from dynamiq.topologies import TOPOLOGIES
 
     rows = []
     print(f"{'format':<12} {'bits':>4}  description")
@@ -39,12 +40,7 @@ def _cmd_formats(args: argparse.Namespace) -> int:
         rows.append({"kind": "quantizer", "name": name, "bits_per_coord": q.bits_per_coord(),
                      "about": q.describe()})
     print(f"\ntransforms: {', '.join(TRANSFORMS.names())}")
-    try:
-        from dynamiq.collectives.topology import TOPOLOGIES
-
-        print(f"topologies: {', '.join(TOPOLOGIES.names())}")
-    except ImportError:  # pragma: no cover - collectives are optional at this layer
-        pass
+    print(f"topologies: {', '.join(TOPOLOGIES.names())}")
     aliases = {**{f"{a}": t for a, t in FORMATS.aliases().items()},
                **{f"{a}": t for a, t in QUANTIZERS.aliases().items()}}
     print("aliases: " + ", ".join(f"{a}->{t}" for a, t in sorted(aliases.items())))

@@ -14,19 +14,25 @@ wire cost, metadata included.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
 
-import numba
 import numpy as np
 import torch
 
 from dynamiq.formats import NumberFormat, resolve_format
-from dynamiq.kernels.backend import resolve_backend
-from dynamiq.kernels.numba import codec
-from dynamiq.kernels.tables import FormatTables
+from dynamiq.kernels import (
+    ROUNDING,
+    SCALE_ROUNDING,
+    BlockCode,
+    FormatTables,
+    KernelSpec,
+    Purpose,
+    RandKeys,
+    Writeback,
+    backend_for,
+)
 from dynamiq.registry import Registry
 from dynamiq.rng import MAX_WORLD, make_key
 
@@ -39,41 +45,8 @@ __all__ = [
     "get_quantizer",
 ]
 
-ROUNDINGS = ("nearest", "stochastic", "correlated")
+ROUNDINGS = tuple(ROUNDING)
 SCALE_ROUNDINGS = ("up", "nearest", "down", "stochastic", "ocp")
-
-# stream purposes, so element, scale and permutation draws never share random numbers
-_P_ELEM = 0x454C454D
-_P_SCALE = 0x5343414C
-_P_PERM = 0x5045524D
-
-_MODE = {"nearest": 0, "stochastic": 1, "correlated": 4}
-_SMODE = {"nearest": 0, "stochastic": 1, "up": 2, "down": 3, "ocp": 3}
-#: What ``acc`` holds after a fused recompress, as the kernels number it.
-_WRITEBACK_MODES = {"none": 0, "sum": 1, "decoded": 2}
-
-
-#: Below this many coordinates a kernel runs on the calling thread only: waking the thread pool
-#: costs more than the work (milliseconds when the other cores are busy, e.g. other ranks).
-SERIAL_BELOW = 1 << 17
-
-
-@contextlib.contextmanager
-def _threads_for(n: int):
-    if n >= SERIAL_BELOW:
-        yield
-        return
-    prev = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(prev)
-
-
-def _backend_for(backend: str, t: object) -> str:
-    """The backend that ``backend`` resolves to for tensor ``t`` (a non-tensor counts as CPU)."""
-    return resolve_backend(backend, t.device if isinstance(t, torch.Tensor) else "cpu")
 
 
 def _is_pow2(v: int) -> bool:
@@ -225,13 +198,7 @@ class BlockQuantizer:
         return -(-n // b) * b
 
     def _section_sizes(self, n: int) -> tuple[int, int, int]:
-        npad = self.padded_length(n)
-        codes = npad * self.element.bits // 8
-        scales = (npad // self.group_size) * self._scale_tables.nbytes
-        supers = (npad // self.super_group_size) * self._super_tables.nbytes if (
-            self.super_group_size
-        ) else 0
-        return codes, scales, supers
+        return self._code.layout(n)
 
     def _wire_section_sizes(self, n: int) -> tuple[int, int, int]:
         """Section sizes on the wire: a partial last block keeps only the groups it touches
@@ -319,25 +286,8 @@ class BlockQuantizer:
         return float(np.float32(round(kap * 2.0 ** (11 - e)) * 2.0 ** (e - 11)))
 
     @cached_property
-    def _elem_tables(self) -> FormatTables:
-        return FormatTables.of(self.element)
-
-    @cached_property
     def _scale_tables(self) -> FormatTables:
         return FormatTables.of(self.scale)
-
-    @cached_property
-    def _super_tables(self) -> FormatTables:
-        return FormatTables.of(self.super_scale)
-
-    @cached_property
-    def _kernel_args(self) -> tuple[tuple, tuple]:
-        """The ``tables`` and ``consts`` tuples every generated kernel takes."""
-        e, s, u = self._elem_tables, self._scale_tables, self._super_tables
-        tables = (e.search, e.lut, e.dec, s.search, s.dec, u.search, u.dec)
-        consts = (s.nfin, s.logp, s.nan, self._scale_divisor, u.nfin, u.logp, u.nan,
-                  e.nfin, e.lshift, e.lkey0, len(e.lut), np.float32(self.dither_amplitude))
-        return tables, consts
 
     @cached_property
     def _scale_divisor(self) -> np.float32:
@@ -346,57 +296,47 @@ class BlockQuantizer:
             emax = 2.0 ** math.floor(math.log2(emax))
         return np.float32(emax)
 
-    # ---- encode / decode ---------------------------------------------------------------------
     @cached_property
-    def _kernel_spec(self) -> codec.KernelSpec:
-        sc, u = self._scale_tables, self._super_tables
-        return codec.KernelSpec(
-            bits=self.element.bits, mbits=self.element.magnitude_bits, emode=_MODE[self.rounding],
-            group=self.group_size,
-            block=self.block_size, hier=self.super_group_size is not None, skind=sc.kind,
-            sbytes=sc.nbytes, smode=_SMODE[self.scale_rounding], ukind=u.kind, ubytes=u.nbytes,
+    def _code(self) -> BlockCode:
+        """This quantizer as the kernels of every backend see it."""
+        e = FormatTables.of(self.element)
+        sc, u = self._scale_tables, FormatTables.of(self.super_scale)
+        spec = KernelSpec(
+            bits=self.element.bits, mbits=self.element.magnitude_bits,
+            emode=int(ROUNDING[self.rounding]), group=self.group_size, block=self.block_size,
+            hier=self.super_group_size is not None, skind=sc.kind, sbytes=sc.nbytes,
+            smode=int(SCALE_ROUNDING[self.scale_rounding]), ukind=u.kind, ubytes=u.nbytes,
             dither=self.dither,
         )
+        return BlockCode(spec, e, sc, u, self._scale_divisor,
+                         np.float32(self.dither_amplitude))
 
-    @property
-    def _kernels(self):
-        return codec.kernels(self._kernel_spec)
-
-    def _rand(self, seed, rank, world_size, stream, index_offset) -> tuple:
+    def _rand(self, seed, rank, world_size, stream, index_offset) -> RandKeys:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, {world_size=}")
         if index_offset < 0:
             raise ValueError("index_offset must be >= 0")
         if world_size > MAX_WORLD:
             raise ValueError(f"world_size must be at most {MAX_WORLD}, got {world_size}")
-        k0, k1 = make_key(seed, *stream, rank, _P_ELEM)
-        p0, p1 = make_key(seed, *stream, _P_PERM)
-        q0, q1 = make_key(seed, *stream, rank, _P_SCALE)
-        return (k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
+        k0, k1 = make_key(seed, *stream, rank, Purpose.ELEMENT)
+        p0, p1 = make_key(seed, *stream, Purpose.PERMUTATION)
+        q0, q1 = make_key(seed, *stream, rank, Purpose.SCALE)
+        return RandKeys(k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
 
-    def _new_payload(self, n: int, out: torch.Tensor | None) -> Payload:
-        """A payload of ``n`` coordinates over ``out`` (checked) or a fresh buffer."""
-        self._check_out(n, out)
-        if out is None:
-            out = torch.empty(self.nbytes(n), dtype=torch.uint8)
-        return Payload(self, n, out)
-
-    def _check_out(self, n: int, out: torch.Tensor | None) -> None:
+    def _check_out(self, n: int, out: torch.Tensor | None,
+                   device: torch.device | None = None) -> None:
         size = self.nbytes(n)
-        if out is not None and (out.dtype != torch.uint8 or out.numel() != size
-                                or not out.is_contiguous()):
+        if out is None:
+            return
+        if (not isinstance(out, torch.Tensor) or out.dtype != torch.uint8 or out.dim() != 1
+                or out.numel() != size or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous uint8 tensor of {size} bytes")
+        if device is not None and out.device != device:
+            raise ValueError(f"out is on {out.device}, expected {device} (the input's device)")
 
-    def _split(self, n: int) -> tuple[int, int, np.ndarray]:
-        """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
-        b = self.block_size
-        return n // b, -(-n // b), np.zeros(b, np.float32)
-
-    def _check_input(self, x: torch.Tensor, backend: str = "numba") -> torch.Tensor:
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cpu" and backend != "triton":
-            raise ValueError(f"the numba backend needs a CPU tensor, got device {x.device}")
         if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"expected a float32/float16/bfloat16 tensor, got {x.dtype}")
         if x.dim() != 1:
@@ -436,41 +376,20 @@ class BlockQuantizer:
             A :class:`Payload` of ``nbytes(n)`` bytes. Decoding it is equivalent to
             ``sign(x) * level * group_scale`` with the level chosen by ``rounding``.
         """
-        be = _backend_for(backend, x)
-        x = self._check_input(x, be)
+        x = self._check_input(x)
+        be = backend_for(backend, x)
         n = x.numel()
-        self._check_out(n, out)
-        if not self._is_cut(n):
-            return self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset,
-                                       out)
-        # the kernels write whole blocks: encode into their layout, cut it to the wire's
-        full = self._encode_kernel(x, n, be, seed, rank, world_size, stream, index_offset,
-                                   torch.empty(self._kernel_nbytes(n), dtype=torch.uint8,
-                                               device=x.device))
-        return Payload(self, n, self._compact(full.data, n, out))
-
-    def _encode_kernel(self, x, n, be, seed, rank, world_size, stream, index_offset, out
-                       ) -> Payload:
-        if be == "triton":
-            from dynamiq.kernels.triton import launch
-
-            rand = self._rand(seed, rank, world_size, stream, index_offset)
-            return Payload(self, n, launch.encode(self, x, rand, out))
-        if out is None:
-            out = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8)
-        payload = Payload(self, n, out)
-        codes, scales, supers = payload.sections()
-        xs = x.numpy()
-        nfull, nblocks, tail = self._split(n)
-        if nblocks > nfull:
-            tail[: n - nfull * self.block_size] = xs[nfull * self.block_size :]
-        tables, consts = self._kernel_args
+        self._check_out(n, out, x.device)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
-        with _threads_for(n):
-            self._kernels.encode(
-                xs, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand
-            )
-        return payload
+        if not self._is_cut(n):
+            if out is None:
+                out = torch.empty(self.nbytes(n), dtype=torch.uint8, device=x.device)
+            be.block_encode(self._code, x, rand, out)
+            return Payload(self, n, out)
+        # the kernels write whole blocks: encode into their layout, cut it to the wire's
+        full = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=x.device)
+        be.block_encode(self._code, x, rand, full)
+        return Payload(self, n, self._compact(full, n, out))
 
     def decode(
         self,
@@ -504,31 +423,19 @@ class BlockQuantizer:
         if payload.data.numel() != self.nbytes(n):
             raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
                              f"got {payload.data.numel()}")
-        payload = Payload(self, n, self._expand(payload.data, n))
+        data = self._expand(payload.data, n)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
-        if _backend_for(backend, payload.data) == "triton":
-            from dynamiq.kernels.triton import launch
-
-            return launch.decode(self, payload.data, n, out, rand, accumulate=accumulate)
+        be = backend_for(backend, data)
         if out is None:
             if accumulate:
                 raise ValueError("accumulate=True needs an out tensor")
-            out = torch.empty(n, dtype=torch.float32)
-        elif out.dtype != torch.float32 or out.numel() != n or not out.is_contiguous():
+            out = torch.empty(n, dtype=torch.float32, device=data.device)
+        elif (not isinstance(out, torch.Tensor) or out.dtype != torch.float32
+              or out.numel() != n or not out.is_contiguous() or out.dim() != 1):
             raise ValueError(f"out must be a contiguous float32 tensor of {n} elements")
-        codes, scales, supers = payload.sections()
-        os_ = out.numpy()
-        nfull, nblocks, tail = self._split(n)
-        cut = nfull * self.block_size
-        if accumulate and nblocks > nfull:
-            tail[: n - cut] = os_[cut:]
-        with _threads_for(n):
-            self._kernels.decode(
-                os_, tail, nfull, nblocks, codes, scales, supers, *self._kernel_args, rand,
-                bool(accumulate),
-            )
-        if nblocks > nfull:
-            os_[cut:] = tail[: n - cut]
+        elif out.device != data.device:
+            raise ValueError(f"out is on {out.device}, the payload on {data.device}")
+        be.block_decode(self._code, data, out, rand, bool(accumulate))
         return out
 
     def recompress(
@@ -568,69 +475,35 @@ class BlockQuantizer:
             The outgoing :class:`Payload`. Equivalent to
             ``encode(acc + decode(payload, <encoder keys>), ...)`` bit for bit.
         """
-        if writeback not in _WRITEBACK_MODES:
-            raise ValueError(f"writeback must be one of {tuple(_WRITEBACK_MODES)}, got "
-                             f"{writeback!r}")
+        wb = Writeback.parse(writeback)
         if payload.quantizer != self:
             raise ValueError("payload was written by a different quantizer")
         n = payload.n
         if payload.data.numel() != self.nbytes(n):
             raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
                              f"got {payload.data.numel()}")
-        self._check_out(n, out)
-        if not self._is_cut(n):
-            return self._recompress_kernel(payload, acc, writeback, seed, rank, world_size,
-                                           stream, index_offset, out, backend, in_rank,
-                                           in_stream)
-        # the kernels work on whole blocks: expand, run, cut the result to the wire layout
-        full = self._recompress_kernel(
-            Payload(self, n, self._expand(payload.data, n)), acc, writeback, seed, rank,
-            world_size, stream, index_offset,
-            torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=acc.device),
-            backend, in_rank, in_stream)
-        return Payload(self, n, self._compact(full.data, n, out))
-
-    def _recompress_kernel(self, payload, acc, writeback, seed, rank, world_size, stream,
-                           index_offset, out, backend, in_rank, in_stream) -> Payload:
-        if _backend_for(backend, acc) == "triton":
-            from dynamiq.kernels.triton import launch
-
-            if not isinstance(acc, torch.Tensor) or acc.numel() != payload.n:
-                raise ValueError(f"acc must be a float32 tensor of {payload.n} elements")
-            rand = self._rand(seed, rank, world_size, stream, index_offset)
-            irand = self._rand(seed, rank if in_rank is None else in_rank, world_size,
-                               stream if in_stream is None else in_stream, index_offset)
-            data = launch.recompress(self, payload.data, acc, rand, writeback, out, irand=irand)
-            return Payload(self, payload.n, data)
-        if (
-            not isinstance(acc, torch.Tensor)
-            or acc.dtype != torch.float32
-            or acc.device.type != "cpu"
-            or not acc.is_contiguous()
-            or acc.numel() != payload.n
-        ):
-            raise ValueError(f"acc must be a contiguous CPU float32 tensor of {payload.n} elements")
-        n = payload.n
+        if (not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.dim() != 1
+                or not acc.is_contiguous() or acc.numel() != n):
+            raise ValueError(f"acc must be a contiguous float32 tensor of {n} elements")
+        be = backend_for(backend, acc)
+        self._check_out(n, out, acc.device)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         irand = self._rand(seed, rank if in_rank is None else in_rank, world_size,
                            stream if in_stream is None else in_stream, index_offset)
-        if out is None:
-            out = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8)
-        result = Payload(self, n, out)
-        a = acc.numpy()
-        nfull, nblocks, tail = self._split(n)
-        cut = nfull * self.block_size
-        if nblocks > nfull:
-            tail[: n - cut] = a[cut:]
-        tables, consts = self._kernel_args
-        with _threads_for(n):
-            self._kernels.recompress(
-                a, tail, nfull, nblocks, n, *payload.sections(), *result.sections(), tables,
-                consts, rand, irand, _WRITEBACK_MODES[writeback],
-            )
-        if nblocks > nfull and writeback != "none":
-            a[cut:] = tail[: n - cut]
-        return result
+        data = self._expand(payload.data, n)
+        if data.device != acc.device:
+            raise ValueError(f"the payload is on {data.device}, acc on {acc.device}")
+        if not self._is_cut(n):
+            if out is None:
+                out = torch.empty(self.nbytes(n), dtype=torch.uint8, device=acc.device)
+            elif out.data_ptr() == data.data_ptr():
+                raise ValueError("out must not be the incoming payload buffer")
+            be.block_recompress(self._code, data, acc, rand, irand, wb, out)
+            return Payload(self, n, out)
+        # the kernels work on whole blocks: run on their layout, cut the result to the wire's
+        full = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=acc.device)
+        be.block_recompress(self._code, data, acc, rand, irand, wb, full)
+        return Payload(self, n, self._compact(full, n, out))
 
     def roundtrip(self, x: torch.Tensor, **kw: object) -> torch.Tensor:
         """``decode(encode(x, **kw), **keys)``: the quantized value of ``x`` (float32), decoded

@@ -15,15 +15,25 @@ import numpy as np
 import torch
 
 from dynamiq.formats import FORMATS, NumberFormat, resolve_format
-from dynamiq.kernels import reference
+from dynamiq.kernels.reference import blocks as reference_blocks
 from dynamiq.quantizers import QUANTIZERS, BlockQuantizer, get_quantizer
 
 __all__ = [
     "check_format",
     "check_quantizer",
     "element_error_bound",
+    "reference_scales",
     "run_conformance",
 ]
+
+
+def reference_scales(q: BlockQuantizer, x: np.ndarray, *, seed: int = 0, rank: int = 0,
+                     world_size: int = 1, stream: tuple[int, ...] = (),
+                     index_offset: int = 0) -> np.ndarray:
+    """float32 decoded group scales that ``q`` gives float32 ``x`` (NaN for groups flagged
+    non-finite), from the reference backend's statement of the kernels."""
+    rand = q._rand(seed, rank, world_size, stream, index_offset)
+    return reference_blocks.encode_with_scales(q._code, np.asarray(x, np.float32), rand)[1]
 
 
 def _usable_as_element(fmt: NumberFormat) -> bool:
@@ -67,8 +77,8 @@ def check_format(fmt: str | NumberFormat) -> None:
     x = np.concatenate([np.full((len(probe), 1), mags[-1], np.float32), probe], 1).reshape(-1)
     q = BlockQuantizer(f, group_size=g, scale="fp32", rounding="nearest", scale_rounding="nearest")
     p = q.encode(torch.from_numpy(x))
-    ref_bytes, _ = reference.encode(q, x)
-    assert np.array_equal(p.data.numpy(), ref_bytes), f"{f}: kernel codes differ from reference"
+    ref = q.encode(torch.from_numpy(x), backend="reference")
+    assert torch.equal(p.data, ref.data), f"{f}: kernel codes differ from reference"
     want = f.decode(f.encode(x)).astype(np.float32)
     got = q.decode(p).numpy()
     bad = np.flatnonzero(got != want)
@@ -88,7 +98,7 @@ def element_error_bound(q: BlockQuantizer, x: np.ndarray, scales: np.ndarray) ->
     Args:
         q: The quantizer.
         x: float32[n] input (finite).
-        scales: float32 decoded group scales from :func:`dynamiq.kernels.reference.encode`.
+        scales: float32 decoded group scales (:func:`reference_scales`).
 
     Returns:
         float64[n] per-element bound.
@@ -119,7 +129,8 @@ def check_quantizer(q: str | BlockQuantizer, *, seed: int = 0) -> None:
 
     * payload size equals ``nbytes(n)`` and ``bits_per_coord(n) == 8 * nbytes / n``, for lengths
       with and without a partial last block;
-    * the Numba kernels write exactly the bytes of the NumPy reference, and decode to its values;
+    * the Numba kernels write exactly the bytes of the reference backend, and decode to its
+      values;
     * every element's error is within :func:`element_error_bound`;
     * zeros stay exact zeros (a dithered quantizer's only on average); a group (or
       super-group) holding NaN/Inf decodes to NaN and every
@@ -139,10 +150,11 @@ def check_quantizer(q: str | BlockQuantizer, *, seed: int = 0) -> None:
         p = q.encode(torch.from_numpy(x), **kw)
         assert p.nbytes == q.nbytes(n), f"{q.describe()}: payload size {p.nbytes} != {q.nbytes(n)}"
         assert p.bits_per_coord == 8 * q.nbytes(n) / n == q.bits_per_coord(n)
-        ref_bytes, scales = reference.encode(q, x, **kw)
-        assert np.array_equal(p.data.numpy(), ref_bytes), f"{q.describe()}: bytes != reference"
+        ref = q.encode(torch.from_numpy(x), backend="reference", **kw)
+        assert torch.equal(p.data, ref.data), f"{q.describe()}: bytes != reference"
+        scales = reference_scales(q, x, **kw)
         y = q.decode(p, **kw).numpy()
-        assert np.array_equal(y, reference.decode(q, ref_bytes, n, **kw)), (
+        assert np.array_equal(y, q.decode(ref, backend="reference", **kw).numpy()), (
             f"{q.describe()}: decode")
         err = np.abs(y.astype(np.float64) - x)
         bound = element_error_bound(q, x, scales)

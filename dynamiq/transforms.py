@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamiq.kernels.backend import resolve_backend
-from dynamiq.kernels.numba.hadamard import MAX_BLOCK, MIN_BLOCK, rht_forward, rht_inverse, rht_norm
+from dynamiq.kernels import backend_for, resolve_backend, rht_norm
+from dynamiq.kernels.abi import MAX_HADAMARD_BLOCK as MAX_BLOCK
+from dynamiq.kernels.abi import MIN_HADAMARD_BLOCK as MIN_BLOCK
 from dynamiq.registry import Registry
 from dynamiq.rng import make_key
 
@@ -66,17 +67,12 @@ def _check_n(n: object) -> int:
     return m
 
 
-def _backend_for(backend: str, t: object) -> str:
-    return resolve_backend(backend, t.device if isinstance(t, torch.Tensor) else "cpu")
-
-
-def _check_vector(t: object, what: str, backend: str = "numba") -> torch.Tensor:
+def _check_vector(t: object, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.float32:
         raise TypeError(f"{what} must have dtype torch.float32, got {t.dtype}")
-    if t.device.type != "cpu" and backend != "triton":
-        raise ValueError(f"{what} must be on the CPU, got device {t.device}")
+    resolve_backend("auto", t.device)  # a device no backend runs on fails here, clearly
     if t.dim() != 1:
         raise ValueError(f"{what} must be 1-D, got shape {tuple(t.shape)}")
     if t.numel() == 0:
@@ -285,19 +281,13 @@ class RandomizedHadamard(Transform):
                 is out of range.
         """
         k0, k1 = self.key(step=step)
-        be = _backend_for(backend, x)
-        x = _check_vector(x, "x", be)
+        x = _check_vector(x, "x")
+        be = backend_for(backend, x)
         n = x.numel()
         out = torch.zeros(self.padded_length(n), dtype=torch.float32, device=x.device)
         out[:n] = x
         scales = None if self._fits(out) else self._range_scales(out)
-        if be == "triton":
-            from dynamiq.kernels.triton import hadamard as th
-
-            th.rht_forward(out, out, self.block_size, k0, k1, rht_norm(self.block_size))
-        else:
-            buf = out.numpy()
-            rht_forward(buf, buf, self.block_size, k0, k1, rht_norm(self.block_size))
+        be.rht_forward(out, out, self.block_size, (k0, k1), rht_norm(self.block_size))
         return self._unscale(out, scales)
 
     def _fits(self, v: torch.Tensor) -> bool:
@@ -358,8 +348,8 @@ class RandomizedHadamard(Transform):
                 of ``block_size`` or is less than ``n``, ``n < 1``, or ``step`` is out of range.
         """
         k0, k1 = self.key(step=step)
-        be = _backend_for(backend, y)
-        y = _check_vector(y, "y", be)
+        y = _check_vector(y, "y")
+        be = backend_for(backend, y)
         n = _check_n(n)
         m = y.numel()
         if m % self.block_size:
@@ -376,13 +366,7 @@ class RandomizedHadamard(Transform):
         if not self._fits(src):
             src = src.clone()  # scaled in place: never the caller's tensor
             scales = self._range_scales(src)
-        if be == "triton":
-            from dynamiq.kernels.triton import hadamard as th
-
-            th.rht_inverse(src, out, self.block_size, k0, k1, rht_norm(self.block_size))
-        else:
-            rht_inverse(src.numpy(), out.numpy(), self.block_size, k0, k1,
-                        rht_norm(self.block_size))
+        be.rht_inverse(src, out, self.block_size, (k0, k1), rht_norm(self.block_size))
         # the scale factors are powers of two and the sign flip is exact: they commute
         out = self._unscale(out, scales)
         return out if used == n else out[:n].clone()

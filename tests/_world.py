@@ -1,8 +1,8 @@
-"""Small gloo worlds on localhost for multi-process tests.
+"""Small gloo worlds on localhost for multi-process tests, over :mod:`dynamiq.collectives.launch`.
 
-:func:`spawn_world`: every rank is a fresh ``spawn`` process that joins a gloo process group on
-a free local port, runs a plan function and sends back what it returns (plain Python/numpy
-values) through a queue. Processes are the expensive part on a small machine (each imports
+:func:`spawn_world` / :func:`world_results`: every rank is a fresh ``spawn`` process that joins a
+gloo process group on a free local port, runs a plan function and sends back what it returns
+(plain Python/numpy values). Processes are the expensive part on a small machine (each imports
 torch and dynamiq): give one world as many checks as it can take.
 
 :func:`fork_worlds`: many short worlds in a row, for checks that need many fresh processes
@@ -12,14 +12,11 @@ of each world; every rank ends through the interpreter's normal shutdown, as a s
 
 from __future__ import annotations
 
-import datetime
 import faulthandler
 import importlib
 import json
 import os
-import queue as queue_mod
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,14 +24,17 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from dynamiq.collectives.launch import free_port, joined_group, launch, run_world
+
+# n processes on few cores: one thread each
+_FEW_THREADS = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 @dataclass
 class World:
-    """What a spawned world left behind.
+    """What a world left behind.
 
     Attributes:
         results: Per reporting rank, the dict its plan returned (a rank that raised reports
@@ -47,28 +47,13 @@ class World:
     exitcodes: list[int | None]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _call_plan(rank: int, n: int, plan: Callable, barriers: list, args: tuple):
+    return plan(rank, n, barriers, *args)
 
 
-def _rank_main(rank: int, n: int, port: int, plan: Callable, args: tuple, queue,
-               barriers: list, group_timeout: float) -> None:
-    torch.set_num_threads(1)
-    out: dict = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n,
-                                timeout=datetime.timedelta(seconds=group_timeout))
-        out = plan(rank, n, barriers, *args)
-    except Exception:
-        out = {"crash": traceback.format_exc()}
-    # a plan may destroy the process group itself (to check what that leaves behind)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    queue.put((rank, out))
+def _plan_args(plan: Callable, barriers: tuple[int, ...], args: tuple) -> tuple:
+    ctx = mp.get_context("spawn")
+    return (plan, [ctx.Barrier(k) for k in barriers], tuple(args))
 
 
 def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | None = None,
@@ -90,53 +75,19 @@ def spawn_world(n: int, plan: Callable, args: tuple = (), *, report: set[int] | 
     Returns:
         The ranks' reports and every process's exit code.
     """
-    report = set(range(n)) if report is None else set(report)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    bars = [ctx.Barrier(k) for k in barriers]
-    port = free_port()
-    saved = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
-    os.environ.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")  # n processes, few cores
-    try:
-        procs = [ctx.Process(target=_rank_main, args=(r, n, port, plan, args, queue, bars,
-                                                       group_timeout))
-                 for r in range(n)]
-        for pr in procs:
-            pr.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    results: dict[int, dict] = {}
-    end = time.monotonic() + deadline
-    try:
-        while not report <= set(results):
-            try:
-                rank, out = queue.get(timeout=max(1.0, end - time.monotonic()))
-            except queue_mod.Empty:
-                codes = [pr.exitcode for pr in procs]
-                raise AssertionError(f"world of {n}: only ranks {sorted(results)} reported "
-                                     f"within {deadline}s; exit codes {codes}") from None
-            results[rank] = out
-        for pr in procs:
-            pr.join(timeout=max(1.0, end - time.monotonic()))
-    finally:
-        for pr in procs:
-            if pr.is_alive():
-                pr.kill()
-                pr.join()
-    return World(results, [pr.exitcode for pr in procs])
+    out = run_world(_call_plan, n, _plan_args(plan, barriers, args), timeout=deadline,
+                    group_timeout=group_timeout, env=_FEW_THREADS, num_threads=1, expect=report)
+    results = dict(out.results)
+    results.update({r: {"crash": tb} for r, tb in out.errors.items()})
+    return World(results, out.exitcodes)
 
 
-def world_results(n: int, plan: Callable, args: tuple = (), **kw) -> list[dict]:
-    """:func:`spawn_world` for plans that every rank completes: the ranks' reports in rank
-    order, after checking that none crashed."""
-    world = spawn_world(n, plan, args, **kw)
-    for r in range(n):
-        assert "crash" not in world.results[r], f"rank {r} crashed:\n{world.results[r]['crash']}"
-    return [world.results[r] for r in range(n)]
+def world_results(n: int, plan: Callable, args: tuple = (), *, barriers: tuple[int, ...] = (),
+                  deadline: float = 240.0, group_timeout: float = 60.0) -> list[dict]:
+    """The reports of a world in which every rank completes ``plan``, in rank order (as
+    :func:`spawn_world`; a rank that crashes fails the call, naming the rank)."""
+    return launch(_call_plan, n, _plan_args(plan, barriers, args), timeout=deadline,
+                  group_timeout=group_timeout, env=_FEW_THREADS, num_threads=1)
 
 
 # ---- many worlds forked from one interpreter --------------------------------------------------
@@ -190,13 +141,10 @@ def _forked_rank(rank: int, n: int, port: int, plan: Callable, args: list, repor
                  deadline: float) -> None:
     faulthandler.dump_traceback_later(deadline, exit=True)  # a hung rank ends, with a trace
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=datetime.timedelta(seconds=60))
-        out = plan(rank, n, [], *args)
+        with joined_group(rank, n, port, timeout=60):
+            out = plan(rank, n, [], *args)
     except Exception:
         out = {"crash": traceback.format_exc()}
-    if dist.is_initialized():
-        dist.destroy_process_group()
     report.write(json.dumps([rank, out]) + "\n")
     report.close()
     # leave through the interpreter's normal shutdown, as a script does: what the check is about

@@ -37,7 +37,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamiq.kernels.numba.hadamard import rht_forward, rht_inverse, rht_norm
+from dynamiq.kernels.abi import rht_norm
+from dynamiq.kernels.numba.hadamard import rht_forward, rht_inverse
 from dynamiq.rng import hash_u32, make_key
 from dynamiq.transforms import (
     RHT_STREAM,

@@ -1,45 +1,39 @@
 """``dynamiq.all_reduce`` against ``torch.distributed.all_reduce``, over gloo on loopback.
 
-Each world size is a fresh set of spawned processes on this machine. For every tensor size both
-collectives reduce the same float32 input; a time is the slowest rank's wall time of one call
-(ranks start together after a barrier), and the reported time is the best over ``repeat``
-calls after one warm-up. On loopback the wire is memory, so the ratio mostly measures the
-executor's overhead (and, for compressing pipelines, the codec's compute) rather than the
-bandwidth a real network would save; the bits per coordinate are what each rank actually sent.
+Each world size is a fresh set of processes on this machine, started by
+:func:`dynamiq.collectives.launch.launch`. For every tensor size both collectives reduce the
+same float32 input; a time is the slowest rank's wall time of one call (ranks start together
+after a barrier), and the reported time is the best over ``repeat`` calls after one warm-up. On
+loopback the wire is memory, so the ratio mostly measures the executor's overhead (and, for
+compressing pipelines, the codec's compute) rather than the bandwidth a real network would
+save; the bits per coordinate are what each rank actually sent.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import queue as queue_mod
-import socket
 import time
-import traceback
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+
+from dynamiq.collectives import api
+from dynamiq.collectives.launch import launch
 
 __all__ = ["run"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Seconds one tensor size may take in a world (the whole world gets this per size).
+_SECONDS_PER_SIZE = 900
 
 
 def _slowest(seconds: float) -> float:
-    import torch.distributed as dist
-
     t = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 
 
 def _time(fn: Callable[[], None], reset: Callable[[], None], repeat: int) -> float:
-    import torch.distributed as dist
-
     reset()
     fn()  # warm-up: first-call costs (buffers, schedules, kernels) are not the steady state
     best = float("inf")
@@ -53,37 +47,28 @@ def _time(fn: Callable[[], None], reset: Callable[[], None], repeat: int) -> flo
 
 
 def _measure(rank: int, numel: int, pipeline: str, repeat: int) -> dict:
-    import torch.distributed as dist
-
-    from dynamiq.collectives import api, p2p
-
     x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
     ref, ours = torch.empty_like(x), torch.empty_like(x)
+    stats = api.P2PStats()  # the latest call's
     torch_s = _time(lambda: dist.all_reduce(ref), lambda: ref.copy_(x), repeat)
-    ours_s = _time(lambda: api.all_reduce(ours, pipeline), lambda: ours.copy_(x), repeat)
-    stats = p2p.last_stats
+    ours_s = _time(lambda: api.all_reduce(ours, pipeline, stats=stats), lambda: ours.copy_(x),
+                   repeat)
     return {"torch_s": torch_s, "dynamiq_s": ours_s,
-            "bits_per_coord": stats.bits_per_coord if stats else 0.0,
+            "bits_per_coord": stats.bits_per_coord,
             "max_abs_diff": float((ours - ref).abs().max()),
             "max_abs_ref": float(ref.abs().max())}
 
 
-def _worker(rank: int, n: int, port: int, sizes_mb: tuple[float, ...], pipeline: str,
-            repeat: int, threads: int, out) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(threads)
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=n, timeout=datetime.timedelta(seconds=600))
-        for mb in sizes_mb:
-            numel = max(1, int(mb * 2**20 / 4))
-            item = {"world_size": n, "rank": rank, "size_mb": mb, "numel": numel}
-            item.update(_measure(rank, numel, pipeline, repeat))
-            out.put(("size", item))
-        dist.destroy_process_group()
-    except Exception:
-        out.put(("error", {"rank": rank, "traceback": traceback.format_exc()}))
+def _worker(rank: int, n: int, sizes_mb: tuple[float, ...], pipeline: str,
+            repeat: int) -> list[dict]:
+    """One rank's measurements, one per tensor size (run in a launched process)."""
+    items = []
+    for mb in sizes_mb:
+        numel = max(1, int(mb * 2**20 / 4))
+        item = {"world_size": n, "rank": rank, "size_mb": mb, "numel": numel}
+        item.update(_measure(rank, numel, pipeline, repeat))
+        items.append(item)
+    return items
 
 
 def _row(r: dict) -> str:
@@ -120,66 +105,33 @@ def run(
         ``bits_per_coord`` (per rank, from the bytes actually sent) and ``max_abs_diff``
         between the two results (rank 0).
     """
-    import torch.multiprocessing as mp
-
     from dynamiq.pipeline import get_pipeline
 
     spec = str(get_pipeline(pipeline))  # fail here, not in n processes
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
-    ctx = mp.get_context("spawn")
     cores = os.cpu_count() or 1
     results = []
     log(f"all-reduce benchmark: {spec} vs torch.distributed (gloo, loopback), best of {repeat}")
     for n in world_sizes:
         threads = max(1, cores // n)
         log(f"world size {n}: spawning {n} processes ({threads} thread(s) each)")
-        out = ctx.Queue()
-        saved = os.environ.get("NUMBA_NUM_THREADS")
-        os.environ["NUMBA_NUM_THREADS"] = str(threads)  # read by numba when a child imports it
-        try:
-            port = _free_port()
-            procs = [ctx.Process(target=_worker,
-                                 args=(r, n, port, tuple(sizes_mb), pipeline, repeat, threads, out))
-                     for r in range(n)]
-            for pr in procs:
-                pr.start()
-        finally:
-            if saved is None:
-                os.environ.pop("NUMBA_NUM_THREADS", None)
-            else:
-                os.environ["NUMBA_NUM_THREADS"] = saved
-        per_size: dict[float, list[dict]] = {}
-        try:
-            while len(per_size) < len(sizes_mb) or any(len(v) < n for v in per_size.values()):
-                try:
-                    kind, item = out.get(timeout=900)
-                except queue_mod.Empty:
-                    raise RuntimeError(f"world size {n}: no progress for 900 s; exit codes "
-                                       f"{[pr.exitcode for pr in procs]}") from None
-                if kind == "error":
-                    raise RuntimeError(f"world size {n}, rank {item['rank']} failed:\n"
-                                       f"{item['traceback']}")
-                got = per_size.setdefault(item["size_mb"], [])
-                got.append(item)
-                if len(got) == n:
-                    got.sort(key=lambda d: d["rank"])
-                    r0 = got[0]
-                    res = {
-                        "world_size": n, "size_mb": r0["size_mb"], "numel": r0["numel"],
-                        "torch_s": r0["torch_s"], "dynamiq_s": r0["dynamiq_s"],
-                        "overhead": r0["dynamiq_s"] / r0["torch_s"],
-                        "bits_per_coord": [d["bits_per_coord"] for d in got],
-                        "max_abs_diff": r0["max_abs_diff"], "max_abs_ref": r0["max_abs_ref"],
-                    }
-                    results.append(res)
-                    log(f"  {r0['size_mb']:g} MB: torch {res['torch_s'] * 1e3:.2f} ms, dynamiq "
-                        f"{res['dynamiq_s'] * 1e3:.2f} ms ({res['overhead']:.2f}x)")
-        finally:
-            for pr in procs:
-                pr.join(timeout=60)
-                if pr.is_alive():
-                    pr.kill()
+        per_rank = launch(_worker, n, (tuple(sizes_mb), pipeline, repeat),
+                          timeout=_SECONDS_PER_SIZE * max(1, len(sizes_mb)), group_timeout=600,
+                          # read by numba when a process imports it
+                          env={"NUMBA_NUM_THREADS": str(threads)}, num_threads=threads)
+        for got in zip(*per_rank):
+            r0 = got[0]
+            res = {
+                "world_size": n, "size_mb": r0["size_mb"], "numel": r0["numel"],
+                "torch_s": r0["torch_s"], "dynamiq_s": r0["dynamiq_s"],
+                "overhead": r0["dynamiq_s"] / r0["torch_s"],
+                "bits_per_coord": [d["bits_per_coord"] for d in got],
+                "max_abs_diff": r0["max_abs_diff"], "max_abs_ref": r0["max_abs_ref"],
+            }
+            results.append(res)
+            log(f"  {r0['size_mb']:g} MB: torch {res['torch_s'] * 1e3:.2f} ms, dynamiq "
+                f"{res['dynamiq_s'] * 1e3:.2f} ms ({res['overhead']:.2f}x)")
     log(_HEADER)
     for r in results:
         log(_row(r))

@@ -9,12 +9,12 @@ plus the paper's baselines in their own modules. All are registered in :data:`CO
 """
 
 from dynamiq.codecs.base import CODECS, HopContext, PartialSumCodec, get_codec
+from dynamiq.codecs.dynamiq import DynamiQ, WidthPlan
 from dynamiq.codecs.intsum import IntSum, IntSumPlan
 from dynamiq.codecs.passthrough import Passthrough
 from dynamiq.codecs.requant import Requant
 from dynamiq.codecs.shared_scale import SharedScale, SharedScalePlan
 from dynamiq.codecs.sparse import Sparse, SparsePlan
-from dynamiq.codecs.varwidth import DynamiQ, WidthPlan
 
 __all__ = [
     "CODECS",

@@ -18,9 +18,9 @@ own (:meth:`PartialSumCodec.local_metadata`), turn the global values into a per-
 :class:`HopContext`, and may learn from the final result (:meth:`PartialSumCodec.observe`, e.g.
 an auto-scale factor). Their per-tensor state lives in a dict the executor keeps between calls.
 
-Every hop runs on the kernel backend that ``ctx.backend`` names (:func:`hop_backend`): Numba
-(and torch) for CPU tensors, Triton for CUDA tensors by default; the backends give the same
-bits.
+Every hop runs its kernels on the backend that ``ctx.backend`` names (:func:`hop_kernels`,
+an object of the kernel interface :class:`dynamiq.kernels.Backend`): Numba (and torch) for CPU
+tensors, Triton for CUDA tensors by default; every backend gives the same bits.
 
 Codecs are frozen dataclasses registered by name in :data:`CODECS`; their canonical spec string
 (``passthrough``, ``passthrough(wire=bf16)``, ``requant(quantizer=dq4_hier)``; parameters at
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dynamiq.kernels.backend import resolve_backend
+from dynamiq.kernels import Backend, Writeback, backend_for
 from dynamiq.registry import Registry
 from dynamiq.spec import build
 
@@ -44,7 +44,7 @@ __all__ = [
     "HopContext",
     "PartialSumCodec",
     "get_codec",
-    "hop_backend",
+    "hop_kernels",
 ]
 
 CODECS: Registry[type] = Registry("partial-sum codec")
@@ -64,8 +64,8 @@ class HopContext:
         prepared: Per-call decisions of the codecs (codec → value of
             :meth:`PartialSumCodec.prepare`), identical on every rank.
         backend: Kernel backend of the hop operations: ``"auto"`` (Triton for CUDA tensors,
-            Numba for CPU tensors), ``"numba"`` or ``"triton"`` (see
-            :func:`dynamiq.kernels.backend.resolve_backend`); every backend gives the same bits.
+            Numba for CPU tensors) or a backend's name (see
+            :func:`dynamiq.kernels.resolve_backend`); every backend gives the same bits.
         source: For a hop that *reads* a message, the context its producer compressed it
             under (:attr:`producer`): codecs whose decoding depends on the encoder's random
             numbers (subtractive dithering) regenerate them from its rank and stream. ``None``
@@ -87,9 +87,6 @@ class HopContext:
         """The context the message a hop reads was compressed under (:attr:`source`, else
         this one)."""
         return self if self.source is None else self.source
-
-
-_WRITEBACK = ("none", "sum", "decoded")
 
 
 class PartialSumCodec:
@@ -206,25 +203,38 @@ class PartialSumCodec:
         return self.spec()
 
 
-def hop_backend(ctx: HopContext | None, t: torch.Tensor) -> str:
-    """The concrete backend (``"numba"`` or ``"triton"``) of a hop on tensor ``t``.
+def hop_kernels(ctx: HopContext | None, t: torch.Tensor) -> Backend:
+    """The kernel backend of a hop on tensor ``t``.
 
     Args:
         ctx: The hop's context (``None``: ``"auto"``).
         t: A tensor the hop reads or writes (its device decides ``"auto"``).
 
     Raises:
-        ValueError, ImportError: as :func:`~dynamiq.kernels.backend.resolve_backend`.
+        ValueError, ImportError: as :func:`~dynamiq.kernels.resolve_backend`.
     """
-    return resolve_backend("auto" if ctx is None else ctx.backend, t.device)
+    return backend_for("auto" if ctx is None else ctx.backend, t)
+
+
+_WRITEBACK = ("none", "sum", "decoded")  # removed once every codec uses check_writeback
 
 
 def _triton_launchers() -> Any:
-    """:mod:`dynamiq.kernels.triton.launch_baselines`, imported on first use (it imports
-    triton, which ``import dynamiq`` never does)."""
-    from dynamiq.kernels.triton import launch_baselines
+    """The Triton wire launchers (:mod:`dynamiq.kernels.triton.wire`), imported on first use."""
+    from dynamiq.kernels.triton import wire
 
-    return launch_baselines
+    return wire
+
+
+def hop_backend(ctx: HopContext | None, t: torch.Tensor) -> str:
+    """The name of the backend of a hop on tensor ``t`` (see :func:`hop_kernels`)."""
+    return hop_kernels(ctx, t).name
+
+
+def check_writeback(writeback: str | Writeback) -> Writeback:
+    """``writeback`` as a :class:`~dynamiq.kernels.Writeback` (``"none"``, ``"sum"`` or
+    ``"decoded"``); a clear ``ValueError`` otherwise."""
+    return Writeback.parse(writeback)
 
 
 def _check_chunk(x: torch.Tensor, what: str = "chunk") -> None:

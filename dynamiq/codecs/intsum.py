@@ -50,22 +50,20 @@ import numpy as np
 import torch
 
 from dynamiq.codecs.base import (
-    _WRITEBACK,
     CODECS,
     HopContext,
     PartialSumCodec,
     _check_chunk,
-    _triton_launchers,
-    hop_backend,
+    check_writeback,
+    hop_kernels,
 )
-from dynamiq.kernels.numba import baselines as kern
+from dynamiq.kernels import Purpose
 from dynamiq.rng import make_key
 from dynamiq.spec import format_call
 
 __all__ = ["IntSum", "IntSumPlan"]
 
 #: Stream purpose of the leaves' rounding random numbers.
-_P_INTSUM = 0x494E5453
 #: Widths the default headroom may reach before asking for an explicit ``headroom_bits``.
 DEFAULT_MAX_BITS = 16
 #: Widest headroom: products ``W * step`` stay exact with at least one significant step bit.
@@ -230,14 +228,14 @@ class IntSum(PartialSumCodec):
         return out
 
     @staticmethod
-    def _check_data(data: torch.Tensor, nbytes: int) -> np.ndarray:
+    def _check_data(data: torch.Tensor, nbytes: int) -> torch.Tensor:
         if data.dtype != torch.uint8 or data.numel() != nbytes:
             raise ValueError(f"message must be {nbytes} uint8 bytes, got {data.numel()} "
                              f"{data.dtype}")
-        return data.contiguous().numpy()
+        return data.contiguous()
 
     def _key(self, ctx: HopContext) -> tuple[int, int]:
-        return make_key(self.seed, *ctx.stream, ctx.rank, _P_INTSUM)
+        return make_key(self.seed, *ctx.stream, ctx.rank, Purpose.INTSUM)
 
     def compress(self, x, ctx, out=None):
         """Packed ``bits``-bit codes of ``SR(x / step)`` for the float32 chunk ``x`` ``[n]``."""
@@ -245,50 +243,36 @@ class IntSum(PartialSumCodec):
         plan = self._plan(ctx)
         n = x.numel()
         out = self._out(-(-n * plan.bits // 8), out, x.device)
-        k0, k1 = self._key(ctx)
-        if hop_backend(ctx, x) == "triton":
-            return _triton_launchers().intsum_encode(x, plan.step, plan.bits, (k0, k1),
-                                                     ctx.index_offset, out)
-        kern.intsum_encode(x.numpy(), np.float32(plan.step), plan.bits, k0, k1,
-                           ctx.index_offset, out.numpy())
+        hop_kernels(ctx, x).intsum_encode(x, plan.step, plan.bits, self._key(ctx),
+                                          ctx.index_offset, out)
         return out
 
     def _decode(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None,
-                mode: int) -> None:
+                accumulate: bool) -> None:
         _check_chunk(out, "output")
         plan = self._plan(ctx)
-        if hop_backend(ctx, out) == "triton":
-            _triton_launchers().intsum_decode(data, plan.step, plan.bits, out,
-                                              accumulate=mode == 1)
-            return
-        raw = self._check_data(data, -(-out.numel() * plan.bits // 8))
-        kern.intsum_decode(raw, np.float32(plan.step), plan.bits, out.numpy(), mode)
+        data = self._check_data(data, -(-out.numel() * plan.bits // 8))
+        hop_kernels(ctx, out).intsum_decode(data, plan.step, plan.bits, out, accumulate)
 
     def decompress(self, data, out, ctx=None):
         """Decode into the float32 ``out`` ``[n]``: ``W * step`` (exact)."""
-        self._decode(data, out, ctx, 0)
+        self._decode(data, out, ctx, False)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 add per coordinate)."""
-        self._decode(data, acc, ctx, 1)
+        self._decode(data, acc, ctx, True)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` in one pass."""
-        if writeback not in _WRITEBACK:
-            raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        wb = check_writeback(writeback)
         _check_chunk(acc, "accumulator")
         plan = self._plan(ctx)
         nbytes = -(-acc.numel() * plan.bits // 8)
         out = self._out(nbytes, out, acc.device)
-        k0, k1 = self._key(ctx)
-        if hop_backend(ctx, acc) == "triton":
-            return _triton_launchers().intsum_recompress(data, acc, plan.step, plan.bits,
-                                                         (k0, k1), ctx.index_offset, out,
-                                                         writeback)
-        kern.intsum_recompress(self._check_data(data, nbytes), acc.numpy(),
-                               np.float32(plan.step), plan.bits, k0, k1, ctx.index_offset,
-                               out.numpy(), _WRITEBACK.index(writeback))
+        data = self._check_data(data, nbytes)
+        hop_kernels(ctx, acc).intsum_recompress(data, acc, plan.step, plan.bits, self._key(ctx),
+                                                ctx.index_offset, wb, out)
         return out
 
     def spec(self) -> str:

@@ -45,17 +45,15 @@ import numpy as np
 import torch
 
 from dynamiq.codecs.base import (
-    _WRITEBACK,
     CODECS,
     HopContext,
     PartialSumCodec,
     _check_chunk,
-    _triton_launchers,
-    hop_backend,
+    check_writeback,
+    hop_kernels,
 )
 from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
-from dynamiq.kernels.numba import baselines as kern
-from dynamiq.kernels.tables import FormatTables
+from dynamiq.kernels import FormatTables, SharedScaleCode
 from dynamiq.spec import format_call
 
 __all__ = ["SharedScale", "SharedScalePlan"]
@@ -163,10 +161,9 @@ class SharedScale(PartialSumCodec):
         return self.element_format.bits
 
     @cached_property
-    def _tables(self) -> tuple[tuple, int, int, np.ndarray]:
-        """``((tab, nfin, lut, lshift, lkey0), mbits, nan_code, dec)`` for the kernels."""
+    def _code(self) -> SharedScaleCode:
+        """The element format as the kernels see it (its NaN code, or negative zero as NaN)."""
         fmt = self.element_format
-        t = FormatTables.of(fmt)
         mb = fmt.magnitude_bits
         dec = fmt.decode(np.arange(2**fmt.bits)).astype(np.float32)
         if fmt.nan_code is not None:
@@ -174,7 +171,7 @@ class SharedScale(PartialSumCodec):
         else:
             nan_code = 1 << mb  # negative zero: never produced by the cast itself
             dec[nan_code] = np.nan
-        return (t.search, t.nfin, t.lut, t.lshift, t.lkey0), mb, nan_code, dec
+        return SharedScaleCode(FormatTables.of(fmt), mb, nan_code, dec)
 
     # ---- sizes --------------------------------------------------------------------------------
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
@@ -257,110 +254,77 @@ class SharedScale(PartialSumCodec):
         state["overflow_rate"] = rate
 
     # ---- hop operations -----------------------------------------------------------------------
-    def _block_scales(self, n: int, ctx: HopContext | None) -> np.ndarray:
-        """float32 scales of the chunk's blocks (ones outside a collective)."""
+    def _block_scales(self, n: int, ctx: HopContext | None, device: torch.device
+                      ) -> torch.Tensor:
+        """float32 scales of the chunk's blocks on ``device`` (ones outside a collective; the
+        plan's scales are copied to a device once per call, not once per hop)."""
         nb = -(-n // self.block)
         plan = self.plan_in(ctx)
         if plan is None:
-            return np.ones(nb, dtype=np.float32)
+            return torch.ones(nb, dtype=torch.float32, device=device)
         off = ctx.index_offset  # type: ignore[union-attr]
         if off % self.block:
             raise ValueError(f"chunk offset {off} is not a multiple of the block {self.block}")
         j = off // self.block
-        s = plan.scales[j: j + nb]
-        if s.numel() != nb:
+        if plan.scales[j: j + nb].numel() != nb:
             raise ValueError(f"chunk [{off}, {off + n}) lies outside the prepared vector")
-        return s.numpy()
+        full = plan.scales
+        if full.device != device or full.dtype != torch.float32:
+            cache = plan.__dict__.setdefault("_device_scales", {})  # a frozen dataclass's dict
+            full = cache.get(str(device))
+            if full is None:
+                full = cache[str(device)] = plan.scales.to(device=device, dtype=torch.float32)
+        return full[j: j + nb]
 
-    def _out(self, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    def _out(self, n: int, out: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         nbytes = self.wire_bytes(n)
         if out is None:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
         if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
         return out
 
-    def _check_data(self, data: torch.Tensor, n: int) -> np.ndarray:
+    def _check_data(self, data: torch.Tensor, n: int) -> torch.Tensor:
         if data.dtype != torch.uint8 or data.numel() != self.wire_bytes(n):
             raise ValueError(f"message must be {self.wire_bytes(n)} uint8 bytes for {n} "
                              f"coordinates, got {data.numel()} {data.dtype}")
-        return data.contiguous().numpy()
-
-    def _triton_args(self, n: int, ctx: HopContext | None, device: torch.device) -> tuple:
-        """``(scales, tables)`` of the chunk on ``device`` for the Triton kernels."""
-        lb = _triton_launchers()
-        (tab, nfin, lut, lshift, lkey0), _, nan_code, dec = self._tables
-        tables = lb.device_tables(self, (tab, lut, dec),
-                                  (nfin, lshift, lkey0, lut.size, nan_code), device)
-        return self._device_scales(n, ctx, device), tables
-
-    def _device_scales(self, n: int, ctx: HopContext | None, device: torch.device
-                       ) -> torch.Tensor:
-        """:meth:`_block_scales` as a float32 tensor on ``device`` (the plan's scales are copied
-        to a device once per call, not once per hop)."""
-        nb = -(-n // self.block)
-        self._block_scales(n, ctx)  # the checks
-        if ctx is None or ctx.prepared is None:
-            return torch.ones(nb, dtype=torch.float32, device=device)
-        plan = ctx.prepared[self]
-        cache = plan.__dict__.setdefault("_device_scales", {})  # a frozen dataclass's own dict
-        full = cache.get(str(device))
-        if full is None:
-            full = cache[str(device)] = plan.scales.to(device=device, dtype=torch.float32)
-        j = ctx.index_offset // self.block
-        return full[j: j + nb]
+        return data.contiguous()
 
     def compress(self, x, ctx, out=None):
         """Packed codes (uint8 ``[ceil(n*bits/8)]``) of the float32 chunk ``x`` ``[n]``."""
         _check_chunk(x)
         n = x.numel()
-        if hop_backend(ctx, x) == "triton":
-            scales, tables = self._triton_args(n, ctx, x.device)
-            return _triton_launchers().shared_encode(x, scales, self.block, self._tables[1],
-                                                     tables, out)
-        out = self._out(n, out)
-        search, mb, nan_code, _ = self._tables
-        kern.shared_encode(x.numpy(), self._block_scales(n, ctx), self.block, *search, mb,
-                           nan_code, out.numpy())
+        out = self._out(n, out, x.device)
+        hop_kernels(ctx, x).shared_encode(self._code, x, self._block_scales(n, ctx, x.device),
+                                          self.block, out)
         return out
 
     def _decode(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None,
-                mode: int) -> None:
+                accumulate: bool) -> None:
         _check_chunk(out, "output")
         n = out.numel()
-        if hop_backend(ctx, out) == "triton":
-            scales, tables = self._triton_args(n, ctx, out.device)
-            _triton_launchers().shared_decode(data, scales, self.block, self._tables[1], tables,
-                                              out, accumulate=mode == 1)
-            return
-        dec = self._tables[3]
-        kern.shared_decode(self._check_data(data, n), self._block_scales(n, ctx), self.block,
-                           dec, self.bits, out.numpy(), mode)
+        hop_kernels(ctx, out).shared_decode(self._code, self._check_data(data, n),
+                                            self._block_scales(n, ctx, out.device), self.block,
+                                            out, accumulate)
 
     def decompress(self, data, out, ctx=None):
         """Decode into the float32 ``out`` ``[n]``: ``code value * block scale``."""
-        self._decode(data, out, ctx, 0)
+        self._decode(data, out, ctx, False)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 add per coordinate)."""
-        self._decode(data, acc, ctx, 1)
+        self._decode(data, acc, ctx, True)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` in one pass, with the same block scales."""
-        if writeback not in _WRITEBACK:
-            raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        wb = check_writeback(writeback)
         _check_chunk(acc, "accumulator")
         n = acc.numel()
-        if hop_backend(ctx, acc) == "triton":
-            scales, tables = self._triton_args(n, ctx, acc.device)
-            return _triton_launchers().shared_recompress(data, acc, scales, self.block,
-                                                         self._tables[1], tables, out, writeback)
-        out = self._out(n, out)
-        search, mb, nan_code, dec = self._tables
-        kern.shared_recompress(self._check_data(data, n), acc.numpy(),
-                               self._block_scales(n, ctx), self.block, *search, mb, nan_code,
-                               dec, out.numpy(), _WRITEBACK.index(writeback))
+        out = self._out(n, out, acc.device)
+        hop_kernels(ctx, acc).shared_recompress(self._code, self._check_data(data, n), acc,
+                                                self._block_scales(n, ctx, acc.device),
+                                                self.block, wb, out)
         return out
 
     def spec(self) -> str:

@@ -42,14 +42,14 @@ from dataclasses import dataclass, field
 import torch
 
 from dynamiq.codecs.base import (
-    _WRITEBACK,
     CODECS,
     HopContext,
     PartialSumCodec,
     _check_chunk,
-    _triton_launchers,
-    hop_backend,
+    check_writeback,
+    hop_kernels,
 )
+from dynamiq.kernels import Selection
 from dynamiq.collectives.metadata import metadata_bits
 from dynamiq.spec import format_call
 
@@ -79,22 +79,26 @@ class SparsePlan:
     k: int
     target: int
     length: int
-    _index: dict = field(default_factory=dict, repr=False)
+    _chunks: dict = field(default_factory=dict, repr=False)
 
-    def index(self, offset: int, n: int) -> torch.Tensor:
-        """int64 chunk-local indices of the selected coordinates of ``[offset, offset + n)``."""
+    def selection(self, offset: int, n: int) -> Selection | None:
+        """The travelling blocks of the chunk ``[offset, offset + n)`` (cached per chunk), or
+        ``None`` when every coordinate of it travels."""
         key = (offset, n)
-        idx = self._index.get(key)
-        if idx is None:
+        if key not in self._chunks:
             j0 = offset // BLOCK
             nb = -(-n // BLOCK)
             sel = self.selected[j0:j0 + nb]
             if sel.numel() != nb:
                 raise ValueError(f"chunk [{offset}, {offset + n}) lies outside the prepared "
                                  "vector")
-            idx = torch.nonzero(sel.repeat_interleave(BLOCK)[:n]).flatten()
-            self._index[key] = idx
-        return idx
+            self._chunks[key] = None if bool(sel.all()) else Selection(sel.clone(), n, BLOCK)
+        return self._chunks[key]
+
+    def index(self, offset: int, n: int) -> torch.Tensor:
+        """int64 chunk-local indices of the selected coordinates of ``[offset, offset + n)``."""
+        sel = self.selection(offset, n)
+        return torch.arange(n) if sel is None else sel.index()
 
 
 @CODECS.register("sparse")
@@ -244,128 +248,64 @@ class Sparse(PartialSumCodec):
         return SparsePlan(selected, count, k, target, length)
 
     # ---- sizes --------------------------------------------------------------------------------
-    def _index(self, n: int, ctx: HopContext | None) -> torch.Tensor | None:
-        """Selected chunk-local indices, or ``None`` for all (outside a collective)."""
+    def _selection(self, n: int, ctx: HopContext | None) -> Selection | None:
+        """The chunk's travelling blocks, or ``None`` for all (also outside a collective)."""
         plan = self.plan_in(ctx)
         if plan is None:
             return None
         if ctx.index_offset % BLOCK:  # type: ignore[union-attr]
             raise ValueError(f"chunk offset {ctx.index_offset} is not a multiple of {BLOCK}")
-        idx = plan.index(ctx.index_offset, n)
-        return None if idx.numel() == n else idx
+        return plan.selection(ctx.index_offset, n)  # type: ignore[union-attr]
 
-    def _selection(self, n: int, ctx: HopContext | None, device: torch.device
-                   ) -> tuple[torch.Tensor, int] | None:
-        """The Triton wire kernels' selection of the chunk (``None``: every coordinate),
-        built once per chunk and device."""
-        if self._index(n, ctx) is None:
-            return None
-        plan = ctx.prepared[self]  # type: ignore[union-attr]
-        key = ("triton", ctx.index_offset, n, str(device))  # type: ignore[union-attr]
-        sel = plan._index.get(key)
-        if sel is None:
-            j0 = ctx.index_offset // BLOCK  # type: ignore[union-attr]
-            blocks = plan.selected[j0:j0 + -(-n // BLOCK)]
-            sel = plan._index[key] = _triton_launchers().block_positions(blocks, n, BLOCK, device)
-        return sel
+    def _count(self, n: int, ctx: HopContext | None) -> int:
+        sel = self._selection(n, ctx)
+        return n if sel is None else sel.count
 
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
         """2 bytes per selected coordinate of the chunk."""
-        idx = self._index(n, ctx)
-        return 2 * (n if idx is None else idx.numel())
+        return 2 * self._count(n, ctx)
 
     def max_wire_bytes(self, n: int) -> int:
         """Every coordinate selected: ``2 n``."""
         return 2 * n
 
     # ---- hop operations -----------------------------------------------------------------------
-    def _out(self, nbytes: int, out: torch.Tensor | None) -> torch.Tensor:
+    def _out(self, nbytes: int, out: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         if out is None:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
         if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
         return out
 
-    @staticmethod
-    def _pick(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
-        return x if idx is None else x.index_select(0, idx)
-
-    def _values(self, data: torch.Tensor, n: int, idx: torch.Tensor | None) -> torch.Tensor:
-        """The chunk's decoded float32 values ``[n]`` (zeros outside the selection)."""
-        m = n if idx is None else idx.numel()
-        if data.dtype != torch.uint8 or data.numel() != 2 * m:
-            raise ValueError(f"message must be {2 * m} uint8 bytes, got {data.numel()} "
-                             f"{data.dtype}")
-        vals = data.contiguous().view(torch.bfloat16).float()
-        if idx is None:
-            return vals
-        full = torch.zeros(n, dtype=torch.float32)
-        full.index_copy_(0, idx, vals)
-        return full
-
     def compress(self, x, ctx, out=None):
         """BF16 bytes (round to nearest even) of the chunk's selected coordinates."""
         _check_chunk(x)
-        if hop_backend(ctx, x) == "triton":
-            return _triton_launchers().wire_encode(x, "bf16", out,
-                                                   self._selection(x.numel(), ctx, x.device),
-                                                   BLOCK)
-        idx = self._index(x.numel(), ctx)
-        out = self._out(2 * (x.numel() if idx is None else idx.numel()), out)
-        out.view(torch.bfloat16).copy_(self._pick(x, idx))
+        sel = self._selection(x.numel(), ctx)
+        out = self._out(2 * (x.numel() if sel is None else sel.count), out, x.device)
+        hop_kernels(ctx, x).wire_encode(x, "bf16", out, sel)
         return out
 
     def decompress(self, data, out, ctx=None):
         """Decode into the float32 ``out`` ``[n]``: the BF16 values, 0 elsewhere."""
         _check_chunk(out, "output")
-        if hop_backend(ctx, out) == "triton":
-            return _triton_launchers().wire_decode(data, "bf16", out, False,
-                                                   self._selection(out.numel(), ctx, out.device),
-                                                   BLOCK)
-        out.copy_(self._values(data, out.numel(), self._index(out.numel(), ctx)))
+        hop_kernels(ctx, out).wire_decode(data, "bf16", out, False,
+                                          self._selection(out.numel(), ctx))
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 add per coordinate)."""
         _check_chunk(acc, "accumulator")
-        if hop_backend(ctx, acc) == "triton":
-            _triton_launchers().wire_decode(data, "bf16", acc, True,
-                                            self._selection(acc.numel(), ctx, acc.device), BLOCK)
-            return
-        acc.add_(self._values(data, acc.numel(), self._index(acc.numel(), ctx)))
+        hop_kernels(ctx, acc).wire_decode(data, "bf16", acc, True,
+                                          self._selection(acc.numel(), ctx))
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))``; only the selected coordinates are added unless
         ``writeback="sum"`` asks for the whole float32 sum."""
-        if writeback not in _WRITEBACK:
-            raise ValueError(f"writeback must be one of {_WRITEBACK}")
+        wb = check_writeback(writeback)
         _check_chunk(acc, "accumulator")
-        n = acc.numel()
-        if hop_backend(ctx, acc) == "triton":
-            return _triton_launchers().wire_recompress(data, acc, "bf16", out, writeback,
-                                                       self._selection(n, ctx, acc.device), BLOCK)
-        idx = self._index(n, ctx)
-        m = n if idx is None else idx.numel()
-        if data.dtype != torch.uint8 or data.numel() != 2 * m:
-            raise ValueError(f"message must be {2 * m} uint8 bytes, got {data.numel()} "
-                             f"{data.dtype}")
-        out = self._out(2 * m, out)
-        # the selected coordinates of acc + decompress(data), bit for bit
-        picked = self._pick(acc, idx) + data.contiguous().view(torch.bfloat16).float()
-        out.view(torch.bfloat16).copy_(picked)
-        if writeback == "sum":
-            if idx is None:
-                acc.copy_(picked)
-            else:
-                acc.add_(0.0)  # acc + 0 elsewhere (turns -0 into +0, as the full sum would)
-                acc.index_copy_(0, idx, picked)
-        elif writeback == "decoded":
-            decoded = out.view(torch.bfloat16).float()
-            if idx is None:
-                acc.copy_(decoded)
-            else:
-                acc.zero_()
-                acc.index_copy_(0, idx, decoded)
+        sel = self._selection(acc.numel(), ctx)
+        out = self._out(2 * (acc.numel() if sel is None else sel.count), out, acc.device)
+        hop_kernels(ctx, acc).wire_recompress(data, acc, "bf16", wb, out, sel)
         return out
 
     def spec(self) -> str:

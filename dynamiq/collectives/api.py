@@ -1,9 +1,10 @@
 """``dynamiq.all_reduce``: a drop-in for ``torch.distributed.all_reduce`` with compressed hops.
 
 It runs the P2P executor (:mod:`dynamiq.collectives.p2p`) on a float32 copy of the tensor and
-writes the result back in place. Each process counts its calls per (group, pipeline, size); the
-count keys the random numbers, so successive calls draw fresh randomness and every rank agrees
-on it without communication (the count is verified across ranks with the other call metadata).
+writes the result back in place. Each process counts its calls per (group, pipeline, size)
+(:mod:`dynamiq.collectives.agreement`); the count keys the random numbers, so successive calls
+draw fresh randomness and every rank agrees on it without communication (the count is verified
+across ranks with the other call metadata).
 A call that the ranks disagree on is refused on every rank before any data moves and is not
 counted, so the next matching call works (unless later calls of the same group, pipeline and
 size were already queued with ``async_op``: then the counters may differ, and the error of
@@ -19,22 +20,20 @@ import threading
 import torch
 import torch.distributed as dist
 
-from dynamiq.collectives import p2p
+from dynamiq.collectives.agreement import CALL_COUNTERS, CallMismatchError, reset_call_counters
+from dynamiq.collectives.buffers import PROGRAM_CACHE
+from dynamiq.collectives.p2p import P2PStats, run_p2p
+from dynamiq.collectives.transport import MAX_TIMEOUT, check_timeout
 from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
-__all__ = ["MAX_TIMEOUT", "AllReduceWork", "CallMismatchError", "all_reduce",
+__all__ = ["MAX_TIMEOUT", "AllReduceWork", "CallMismatchError", "P2PStats", "all_reduce",
            "reset_call_counters"]
-
-CallMismatchError = p2p.CallMismatchError
-MAX_TIMEOUT = p2p.MAX_TIMEOUT
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-_counter_lock = threading.Lock()
-# keyed by (weak reference to the group, pipeline spec, numel): a counter must not keep a
-# destroyed process group alive (see dynamiq.collectives.p2p), and goes with its group
-_calls: dict[tuple, int] = {}
+# a counter goes with its group
+PROGRAM_CACHE.on_group_freed(CALL_COUNTERS.forget_group)
 
 # one worker thread: asynchronous calls run one at a time, in the order they were issued, which
 # is the order every rank issues them in (collectives must not be reordered)
@@ -90,12 +89,6 @@ class AllReduceWork:
         return self._future.exception() if self._future.done() else None
 
 
-def reset_call_counters() -> None:
-    """Restart every call counter at 0 (all ranks must do it at the same point)."""
-    with _counter_lock:
-        _calls.clear()
-
-
 _OP_HELP = "op must be 'sum', 'avg', ReduceOp.SUM or ReduceOp.AVG"
 
 
@@ -118,33 +111,6 @@ def _parse_op(op) -> str:
         if code == getattr(reduce_op.RedOpType, name):
             return name.lower()
     raise ValueError(f"{_OP_HELP}, got {op!r}")
-
-
-def _next_call(key: tuple) -> int:
-    with _counter_lock:
-        call = _calls.get(key, 0)
-        _calls[key] = call + 1
-    return call
-
-
-def _undo_call(key: tuple, call: int) -> None:
-    """Uncount ``call`` of ``key`` (refused on every rank), unless a later call of the same key
-    was issued meanwhile: renumbering that one is impossible once it is queued."""
-    with _counter_lock:
-        if _calls.get(key) == call + 1:
-            if call:
-                _calls[key] = call
-            else:
-                del _calls[key]
-
-
-def _forget_counters(group_ref) -> None:
-    with _counter_lock:
-        for key in [k for k in _calls if k[0] is group_ref]:
-            del _calls[key]
-
-
-p2p._group_freed_hooks.append(_forget_counters)
 
 
 def _track(future: concurrent.futures.Future) -> None:
@@ -173,6 +139,7 @@ def all_reduce(
     async_op: bool = False,
     timeout: float | datetime.timedelta = 300.0,
     backend: str = "auto",
+    stats: P2PStats | None = None,
 ) -> AllReduceWork | None:
     """All-reduce ``tensor`` in place across ``group`` with a compressed multi-hop pipeline.
 
@@ -205,13 +172,18 @@ def all_reduce(
         backend: Kernel backend: ``"auto"`` (Triton for CUDA tensors, Numba for CPU tensors),
             ``"numba"`` or ``"triton"`` (on CPU tensors only under ``TRITON_INTERPRET=1``, for
             tests). Every backend gives the same bits, so ranks need not agree on it.
+        stats: A :class:`~dynamiq.collectives.p2p.P2PStats` to fill with this rank's
+            statistics of the call (bytes and messages sent and received, metadata cost, call
+            number, wall time) once it succeeds: on return, or for ``async_op`` once ``wait()``
+            returns. Left unchanged when the call raises.
 
     Returns:
         ``None``, or an :class:`AllReduceWork` when ``async_op``.
 
     Raises:
         TypeError: not a tensor, or not floating point of a supported dtype; ``op`` neither a
-            string nor a ``ReduceOp``; ``timeout`` neither a number nor a ``timedelta``.
+            string nor a ``ReduceOp``; ``timeout`` neither a number nor a ``timedelta``;
+            ``stats`` not a ``P2PStats``.
         ValueError: empty tensor, unknown op or backend, a backend that cannot run on the
             tensor's device, a timeout out of range, a pipeline whose topology does not fit
             the group size (also at size 1), or an unknown pipeline name (the message lists
@@ -239,7 +211,10 @@ def all_reduce(
     p = get_pipeline(pipeline)
     spec = str(p)
     mode = _parse_op(op)
-    timeout = p2p._check_timeout(timeout)
+    timeout = check_timeout(timeout)
+    if stats is not None and not isinstance(stats, P2PStats):
+        raise TypeError(f"stats must be a dynamiq.collectives.p2p.P2PStats, got "
+                        f"{type(stats).__name__}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first")
@@ -247,8 +222,8 @@ def all_reduce(
         raise ValueError("this process is not a member of the given process group")
     # every rank refuses the same group size here, before the call is counted
     p.topology.check_world_size(dist.get_world_size(group))
-    key = (p2p._group_key(group), spec, tensor.numel())
-    call = _next_call(key)
+    key = (PROGRAM_CACHE.group_key(group), spec, tensor.numel())
+    call = CALL_COUNTERS.next(key)
     if tensor.dtype == torch.float32 and tensor.is_contiguous():
         # Reduce in place and keep a backup instead of working on a copy: one full-size copy
         # per call instead of two, and the caller's values come back if anything raises.
@@ -260,22 +235,26 @@ def all_reduce(
         backup = None
 
     def job() -> None:
+        # the caller's stats change only once the tensor holds the result
+        done = None if stats is None else P2PStats()
         try:
-            y = p2p.run_p2p(flat, p, group=group, call=call, timeout=timeout,
-                            dtype=tensor.dtype, op=mode, consume=True, backend=backend)
+            y = run_p2p(flat, p, group=group, call=call, timeout=timeout, dtype=tensor.dtype,
+                        op=mode, consume=True, backend=backend, stats=done)
             with torch.no_grad():
                 if mode == "avg":
                     y = y.div_(dist.get_world_size(group))
                 if y.data_ptr() != tensor.data_ptr() or y.dtype != tensor.dtype:
                     tensor.copy_(y.view(tensor.shape))
+            if stats is not None:
+                stats.update(done)
         except BaseException as e:
             if backup is not None:
                 with torch.no_grad():
                     flat.copy_(backup)
-            if isinstance(e, p2p.CallMismatchError):
+            if isinstance(e, CallMismatchError):
                 # every rank refused this call before sending anything: uncounting it keeps
                 # the counters where they were, so the next matching call agrees
-                _undo_call(key, call)
+                CALL_COUNTERS.undo(key, call)
             raise
 
     global _executor

@@ -138,9 +138,15 @@ class Plan:
 
     def context(self, rank: int, chunk: int) -> HopContext:
         """Random-number context of ``rank`` compressing ``chunk`` in this call."""
-        return HopContext(stream=(self.call, chunk, self.height(chunk, rank)), rank=rank,
-                          world_size=self.world_size, index_offset=self.bounds[chunk][0],
+        return HopContext(stream=(self.call, self.stream_chunk(chunk), self.height(chunk, rank)),
+                          rank=rank, world_size=self.world_size, index_offset=self.bounds[chunk][0],
                           stats=self.stats, prepared=self.prepared, backend=self.backend)
+
+    def stream_chunk(self, chunk: int) -> int:
+        """The chunk whose random stream ``chunk`` draws from: itself. An executor that cuts
+        chunks into tiles maps each tile to its parent chunk, so tiling leaves every random
+        number as it was."""
+        return chunk
 
     def receive_context(self, rank: int, t: Transfer) -> HopContext:
         """Context of ``rank`` taking in transfer ``t``: its own, with the message's producer

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamiq.kernels.backend import resolve_backend
+from dynamiq.kernels import backend_for
 from dynamiq.registry import Registry
 
 __all__ = [
@@ -77,8 +77,9 @@ class Statistic:
         local: float64 ``[blocks, block]`` (zero-padded) → float64 ``[blocks]`` on one rank.
         block: Coordinates per block (a power of two).
         wire: How each value travels: ``"bf16"`` or ``"fp8"`` (see the module doc).
-        kernel: Name of the Triton statistics kernel's operation computing :attr:`local`
-            (``None``: the statistic's own name when the kernel has it, else torch).
+        op: The backends' block reduction equal to :attr:`local` (one of
+            :data:`dynamiq.kernels.STAT_OPS`), so that the statistic is taken where the vector
+            lives (e.g. on the GPU); ``None``: :attr:`local` runs on the CPU in float64.
         signed: Whether values may be negative (an ``"fp8"`` statistic that cannot spends its
             sign bit on exponent range).
     """
@@ -87,7 +88,7 @@ class Statistic:
     local: Callable[[torch.Tensor], torch.Tensor]
     block: int = SUPER_GROUP
     wire: str = "bf16"
-    kernel: str | None = None
+    op: str | None = None
     signed: bool = True
 
     def __post_init__(self) -> None:
@@ -129,23 +130,23 @@ class Statistic:
 
 
 STATISTICS: Registry[Statistic] = Registry("statistic")
-STATISTICS.register("sum", Statistic("sum", lambda g: g.sum(1)))
-STATISTICS.register("sumsq", Statistic("sum", lambda g: (g * g).sum(1), signed=False))
-STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1)))
+STATISTICS.register("sum", Statistic("sum", lambda g: g.sum(1), op="sum"))
+STATISTICS.register("sumsq", Statistic("sum", lambda g: (g * g).sum(1), signed=False, op="sumsq"))
+STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1), op="absmax"))
 # sum of squares about the rank's own block mean: no cancellation when the mean dominates
 STATISTICS.register(
     "csumsq", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1),
                         signed=False)
 )
-STATISTICS.register("sum8", Statistic("sum", lambda g: g.sum(1), wire="fp8", kernel="sum"))
+STATISTICS.register("sum8", Statistic("sum", lambda g: g.sum(1), wire="fp8", op="sum"))
 STATISTICS.register(
     "csumsq8", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1), wire="fp8",
                          signed=False)
 )
-STATISTICS.register("absmax32", Statistic("max", lambda g: g.abs().amax(1), block=32))
-STATISTICS.register("absmax16", Statistic("max", lambda g: g.abs().amax(1), block=16))
-# the built-in statistics (a name re-registered with other maths is not the Triton kernel's)
-_BUILTIN = {name: STATISTICS[name] for name in STATISTICS.names()}
+STATISTICS.register("absmax32", Statistic("max", lambda g: g.abs().amax(1), block=32,
+                                          op="absmax"))
+STATISTICS.register("absmax16", Statistic("max", lambda g: g.abs().amax(1), block=16,
+                                          op="absmax"))
 
 
 def round_bf16(t: torch.Tensor, up: bool = False) -> torch.Tensor:
@@ -253,47 +254,34 @@ def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto
     """This rank's statistics as they travel: name → float64 ``[blocks]`` of wire values.
 
     ``y`` (float32, 1-D) is zero-padded to whole blocks; sums are taken in float64 and then
-    rounded to the statistic's wire format (:meth:`Statistic.round`; maxima upwards).
+    rounded to the statistic's wire format (:meth:`Statistic.round`; maxima upwards), one
+    rounding for every backend.
 
     Args:
         names: Statistic names in :data:`STATISTICS`.
         y: float32 ``[n]``.
-        backend: ``"auto"``, ``"numba"`` or ``"triton"``: with Triton (by default for CUDA
-            tensors) the built-in statistics are taken by
-            :func:`dynamiq.kernels.triton.stats.local_statistics` on ``y``'s device (maxima are
-            identical; sums may differ from torch's only when their float64 value lies within
-            about ``1e-13`` relative of a BF16 rounding boundary); the others, and every
-            statistic of the Numba backend, by torch on the CPU.
+        backend: The kernel backend (``"auto"``: by ``y``'s device) that takes the statistics
+            with an :attr:`Statistic.op`; the others are taken by torch on the CPU. Maxima
+            agree exactly across backends; a sum may differ from torch's only when its float64
+            value lies within about ``1e-13`` relative of a rounding boundary of its wire
+            format.
 
     Returns:
         name → float64 ``[blocks]`` on the CPU.
     """
     names = list(names)
-    done: dict[str, torch.Tensor] = {}
-    if names and resolve_backend(backend, y.device) == "triton":
-        from dynamiq.kernels.triton import stats as tstats
-
-        # the kernel takes the float64 block values; the rounding to the wire format (one
-        # place for every backend) happens here
-        ops = {n: STATISTICS[n].kernel or n for n in names
-               if STATISTICS[n] is _BUILTIN.get(n) and (STATISTICS[n].kernel or n) in tstats.OPS}
-        if ops:
-            raw = tstats.local_statistics(sorted(set(ops.values())), y.detach().contiguous())
-            done.update({n: STATISTICS[n].round(raw[op].cpu()) for n, op in ops.items()})
-    if not done:
-        return _torch_statistics(names, y)
-    rest = _torch_statistics([n for n in names if n not in done], y)
-    return {n: done[n] if n in done else rest[n] for n in names}
-
-
-def _torch_statistics(names: list[str], y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The statistics ``names`` of ``y`` computed by torch on the CPU."""
+    ops = sorted({(STATISTICS[n].op, STATISTICS[n].block) for n in names
+                  if STATISTICS[n].op is not None})
+    raw = backend_for(backend, y).block_statistics(y, ops) if ops else {}
     out = {}
-    if not names:
-        return out
-    y64 = y.detach().to(device="cpu", dtype=torch.float64)
+    y64 = None
     for name in names:
         st = STATISTICS[name]
+        if st.op is not None:
+            out[name] = st.round(raw[(st.op, st.block)])
+            continue
+        if y64 is None:
+            y64 = y.detach().to(device="cpu", dtype=torch.float64)
         nb = st.blocks(y64.numel())
         g = torch.zeros(nb * st.block, dtype=torch.float64)
         g[: y64.numel()] = y64

@@ -1,6 +1,6 @@
 """Number formats: parameter-defined element and scale formats, and their named catalog."""
 
-from dynamiq.formats.catalog import DEFAULT_EPSILON, FORMATS, resolve_format
+from dynamiq.formats.catalog import DEFAULT_EPSILON, FORMATS, TUNED_EPSILON, resolve_format
 from dynamiq.formats.types import (
     EpsilonFormat,
     Float32Format,
@@ -13,6 +13,7 @@ from dynamiq.formats.types import (
 __all__ = [
     "DEFAULT_EPSILON",
     "FORMATS",
+    "TUNED_EPSILON",
     "EpsilonFormat",
     "Float32Format",
     "FloatFormat",

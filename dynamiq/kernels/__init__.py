@@ -1,1 +1,60 @@
-"""Compute backends. ``numba`` is the CPU reference and CPU execution path."""
+"""Kernels: one interface (:mod:`~dynamiq.kernels.abi`, :mod:`~dynamiq.kernels.backend`), one
+implementation per backend folder (``reference/``, ``numba/``, ``triton/``).
+
+Importing this package imports no backend: they are discovered and imported on first use.
+"""
+
+from dynamiq.kernels.abi import (
+    FLT_MAX,
+    KIND_FP32,
+    KIND_TABLE,
+    ROUNDING,
+    SCALE_ROUNDING,
+    STAT_OPS,
+    TILE,
+    WIRE_DTYPES,
+    BlockCode,
+    KernelSpec,
+    Purpose,
+    RandKeys,
+    Rounding,
+    Selection,
+    SharedScaleCode,
+    Writeback,
+    rht_norm,
+)
+from dynamiq.kernels.backend import (
+    Backend,
+    backend_for,
+    backend_names,
+    get_backend,
+    resolve_backend,
+)
+from dynamiq.kernels.tables import FormatTables, bucket_lut
+
+__all__ = [
+    "FLT_MAX",
+    "KIND_FP32",
+    "KIND_TABLE",
+    "ROUNDING",
+    "SCALE_ROUNDING",
+    "STAT_OPS",
+    "TILE",
+    "WIRE_DTYPES",
+    "Backend",
+    "BlockCode",
+    "FormatTables",
+    "KernelSpec",
+    "Purpose",
+    "RandKeys",
+    "Rounding",
+    "Selection",
+    "SharedScaleCode",
+    "Writeback",
+    "backend_for",
+    "backend_names",
+    "bucket_lut",
+    "get_backend",
+    "resolve_backend",
+    "rht_norm",
+]

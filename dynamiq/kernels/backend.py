@@ -1,92 +1,341 @@
-"""Choice of compute backend for the kernels: Numba on CPU tensors, Triton on CUDA tensors.
+"""The backend protocol: one set of kernel functions, implemented once per backend.
 
-``"auto"`` picks by the tensor's device: ``"triton"`` for CUDA tensors, ``"numba"`` for CPU
-tensors. ``"triton"`` may also be asked for explicitly on CPU tensors when Triton's interpreter is
-switched on (``TRITON_INTERPRET=1``, set before :mod:`dynamiq.kernels.triton` is imported): that
-is how the Triton kernels are tested on machines without a GPU.
+Every component above the kernels calls ``backend_for(name, tensor)`` and then the kernel it
+needs; no component branches on a backend's name. A backend is a sub-package of
+:mod:`dynamiq.kernels` whose ``__init__`` defines ``BACKEND``, an instance of a
+:class:`Backend` subclass (discovered on first use; adding a backend touches only its folder):
 
-This module never imports :mod:`triton` itself (it only asks whether it is installed), so that
-``import dynamiq`` stays free of it; the Triton kernels are imported on first use.
+* :mod:`dynamiq.kernels.reference` — readable NumPy/torch, the specification the others are
+  checked against (CPU, explicit only);
+* :mod:`dynamiq.kernels.numba` — compiled CPU kernels (the default for CPU tensors);
+* :mod:`dynamiq.kernels.triton` — GPU kernels (the default for CUDA tensors; on CPU tensors
+  under Triton's interpreter, ``TRITON_INTERPRET=1``, which is how they are tested).
+
+Kernel families (:class:`Backend`'s methods; the records come from :mod:`dynamiq.kernels.abi`):
+block quantization (``block_*``), shared-scale minifloats (``shared_*``), integer sums
+(``intsum_*``), wire values and row permutations (``wire_*``, ``gather_rows``,
+``scatter_rows``), the randomized Hadamard transform (``rht_*``) and the metadata phase's block
+statistics (``block_statistics``). Every backend writes the same bits; the wire, row and
+statistics families have a torch implementation here that CPU backends share.
+
+Buffers are allocated by the caller: every ``out`` is a tensor of the right size on the input's
+device, and block payloads are in the kernels' layout (:meth:`BlockCode.layout`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import importlib
+import pkgutil
+from collections.abc import Sequence
 
 import torch
 
-__all__ = ["BACKENDS", "TRITON_MISSING", "interpreting", "resolve_backend", "triton_available"]
+from dynamiq.kernels.abi import (
+    STAT_OPS,
+    WIRE_DTYPES,
+    BlockCode,
+    RandKeys,
+    Selection,
+    SharedScaleCode,
+    Writeback,
+)
 
-#: Accepted values of every ``backend=`` keyword.
-BACKENDS = ("auto", "numba", "triton")
-
-#: The message raised (as :class:`ImportError`) when the Triton backend is wanted but missing.
-TRITON_MISSING = "backend='triton' needs the triton package: pip install 'dynamiq[triton]'"
-
-
-def triton_available() -> bool:
-    """Whether the :mod:`triton` package can be imported (checked without importing it)."""
-    try:
-        return importlib.util.find_spec("triton") is not None
-    except (ImportError, ValueError):  # a broken or stubbed-out module entry
-        return False
+__all__ = ["Backend", "backend_for", "backend_names", "get_backend", "resolve_backend"]
 
 
-def interpreting() -> bool:
-    """Whether Triton's interpreter is requested (``TRITON_INTERPRET`` set to a true value)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+class Backend:
+    """Base class of kernel backends: the interface, and torch versions of the families whose
+    CPU form is plain tensor operations.
+
+    Subclasses set :attr:`name`, :attr:`auto_devices` (device types for which ``"auto"`` picks
+    this backend) and implement :meth:`check_device` and the kernel families.
+    """
+
+    #: The name users pass as ``backend=``.
+    name: str = ""
+    #: Device types for which ``backend="auto"`` resolves to this backend.
+    auto_devices: tuple[str, ...] = ()
+    #: Whether :meth:`check_device` answers the same for a device type for the process's
+    #: lifetime (its answer may then be cached).
+    stable: bool = True
+
+    def check_device(self, device: torch.device) -> None:
+        """Raise ``ValueError`` (or ``ImportError``) naming the fix when this backend cannot run
+        on tensors of ``device``."""
+        raise NotImplementedError
+
+    def _missing(self, family: str):
+        return NotImplementedError(f"the {self.name!r} backend has no {family} kernels")
+
+    # ---- block quantization (payloads in the kernels' layout) --------------------------------
+    def block_encode(self, code: BlockCode, x: torch.Tensor, rand: RandKeys,
+                     out: torch.Tensor) -> None:
+        """Quantize float32 ``x [n]`` into ``out`` (uint8 ``[code.nbytes(n)]``)."""
+        raise self._missing("block")
+
+    def block_decode(self, code: BlockCode, data: torch.Tensor, out: torch.Tensor,
+                     rand: RandKeys, accumulate: bool) -> None:
+        """Decode ``data`` into float32 ``out [n]`` (``out + value`` when ``accumulate``);
+        ``rand`` is the encoder's (a dithered code regenerates its uniforms)."""
+        raise self._missing("block")
+
+    def block_recompress(self, code: BlockCode, data: torch.Tensor, acc: torch.Tensor,
+                         rand: RandKeys, irand: RandKeys, writeback: Writeback,
+                         out: torch.Tensor) -> None:
+        """``encode(acc + decode(data, irand), rand)`` into ``out`` (not ``data``); ``acc``
+        afterwards as ``writeback`` says."""
+        raise self._missing("block")
+
+    # ---- shared-scale minifloats (LSB-first bit stream of mbits+1-bit codes) ------------------
+    def shared_encode(self, code: SharedScaleCode, x: torch.Tensor, scales: torch.Tensor,
+                      block: int, out: torch.Tensor) -> None:
+        """Codes of float32 ``x [n]``; block ``j`` of ``block`` coordinates has ``scales[j]``."""
+        raise self._missing("shared-scale")
+
+    def shared_decode(self, code: SharedScaleCode, data: torch.Tensor, scales: torch.Tensor,
+                      block: int, out: torch.Tensor, accumulate: bool) -> None:
+        """``out (=|+=) dec[code] * scale``."""
+        raise self._missing("shared-scale")
+
+    def shared_recompress(self, code: SharedScaleCode, data: torch.Tensor, acc: torch.Tensor,
+                          scales: torch.Tensor, block: int, writeback: Writeback,
+                          out: torch.Tensor) -> None:
+        """Codes of ``acc + decode(data)`` with the same scales, in one pass."""
+        raise self._missing("shared-scale")
+
+    # ---- integer sums (LSB-first bit stream of bits-bit offset-binary codes) ------------------
+    def intsum_encode(self, x: torch.Tensor, step: float, bits: int, key: tuple[int, int],
+                      offset: int, out: torch.Tensor) -> None:
+        """Codes of the stochastic rounding of ``x / step`` to integers (uniforms keyed by
+        ``key`` at global index ``offset + i``)."""
+        raise self._missing("integer-sum")
+
+    def intsum_decode(self, data: torch.Tensor, step: float, bits: int, out: torch.Tensor,
+                      accumulate: bool) -> None:
+        """``out (=|+=) float32(w) * step`` (code 0 is NaN)."""
+        raise self._missing("integer-sum")
+
+    def intsum_recompress(self, data: torch.Tensor, acc: torch.Tensor, step: float, bits: int,
+                          key: tuple[int, int], offset: int, writeback: Writeback,
+                          out: torch.Tensor) -> None:
+        """Codes of ``acc + decode(data)`` in one pass."""
+        raise self._missing("integer-sum")
+
+    # ---- wire values (torch: shared by the CPU backends) -------------------------------------
+    @staticmethod
+    def _view(buf: torch.Tensor, count: int, wire: str, what: str) -> torch.Tensor:
+        dtype, size = WIRE_DTYPES[wire]
+        if buf.dtype != torch.uint8 or buf.numel() != size * count:
+            raise ValueError(f"{what} must be {size * count} uint8 bytes, got {buf.numel()} "
+                             f"{buf.dtype}")
+        return buf.contiguous().view(dtype)
+
+    def wire_encode(self, x: torch.Tensor, wire: str, out: torch.Tensor,
+                    select: Selection | None = None) -> None:
+        """``out`` ← the travelling coordinates of ``x`` as ``wire`` values (``"fp32"``, or
+        ``"bf16"`` rounded to nearest even, as torch converts)."""
+        idx = None if select is None else select.index()
+        n = x.numel() if idx is None else idx.numel()
+        self._view(out, n, wire, "out").copy_(x if idx is None else x.index_select(0, idx))
+
+    def _values(self, data: torch.Tensor, wire: str, n: int, select: Selection | None
+                ) -> torch.Tensor:
+        """float32 ``[n]`` decoded values (0 where nothing travels)."""
+        idx = None if select is None else select.index()
+        vals = self._view(data, n if idx is None else idx.numel(), wire, "message")
+        if idx is None:
+            return vals if wire == "fp32" else vals.float()
+        full = torch.zeros(n, dtype=torch.float32, device=data.device)
+        full.index_copy_(0, idx, vals.float())
+        return full
+
+    def wire_decode(self, data: torch.Tensor, wire: str, out: torch.Tensor, accumulate: bool,
+                    select: Selection | None = None) -> None:
+        """``out (=|+=)`` the values of ``data`` at the travelling coordinates (0 elsewhere)."""
+        vals = self._values(data, wire, out.numel(), select)
+        if accumulate:
+            out.add_(vals)
+        else:
+            out.copy_(vals)
+
+    def wire_recompress(self, data: torch.Tensor, acc: torch.Tensor, wire: str,
+                        writeback: Writeback, out: torch.Tensor,
+                        select: Selection | None = None) -> None:
+        """``cast(acc + value(data))`` at the travelling coordinates. ``writeback``: ``SUM``
+        stores ``acc + value`` (``acc + 0`` where nothing travels), ``DECODED`` the decoded
+        outgoing values (0 where nothing travels)."""
+        idx = None if select is None else select.index()
+        m = acc.numel() if idx is None else idx.numel()
+        incoming = self._view(data, m, wire, "message")
+        sent = self._view(out, m, wire, "out")
+        if wire == "fp32" and idx is None:
+            # one pass: the sum is written straight into the outgoing bytes
+            torch.add(acc, incoming, out=sent)
+            if writeback != Writeback.NONE:
+                acc.copy_(sent)
+            return
+        picked = (acc if idx is None else acc.index_select(0, idx)) + incoming.float()
+        sent.copy_(picked)
+        if writeback == Writeback.SUM:
+            if idx is None:
+                acc.copy_(picked)
+            else:
+                acc.add_(0.0)  # acc + 0 elsewhere (turns -0 into +0, as the full sum would)
+                acc.index_copy_(0, idx, picked)
+        elif writeback == Writeback.DECODED:
+            decoded = sent.float()
+            if idx is None:
+                acc.copy_(decoded)
+            else:
+                acc.zero_()
+                acc.index_copy_(0, idx, decoded)
+
+    # ---- row permutation ----------------------------------------------------------------------
+    def gather_rows(self, x: torch.Tensor, order: torch.Tensor, row: int) -> torch.Tensor:
+        """Rows of ``row`` coordinates of ``x`` in the order ``order`` (int64 permutation),
+        zero-padded past ``x``'s end: ``pad(x).view(-1, row).index_select(0, order).view(-1)``.
+        """
+        full = order.numel() * row
+        if x.numel() == full:
+            return x.view(-1, row).index_select(0, order).view(-1)
+        pad = torch.zeros(full, dtype=torch.float32, device=x.device)
+        pad[: x.numel()] = x
+        return pad.view(-1, row).index_select(0, order).view(-1)
+
+    def scatter_rows(self, g: torch.Tensor, order: torch.Tensor, out: torch.Tensor, add: bool,
+                     row: int) -> None:
+        """Undo :meth:`gather_rows` into ``out`` (``out + value`` when ``add``), keeping the
+        first ``out.numel()`` coordinates."""
+        rows = g.view(-1, row)
+        n = out.numel()
+        if n == order.numel() * row:
+            dst = out.view(-1, row)
+            if add:
+                dst.index_add_(0, order, rows)
+            else:
+                dst.index_copy_(0, order, rows)
+            return
+        full = torch.zeros(order.numel() * row, dtype=torch.float32, device=out.device)
+        full.view(-1, row).index_copy_(0, order, rows)
+        if add:
+            out.add_(full[:n])
+        else:
+            out.copy_(full[:n])
+
+    # ---- randomized Hadamard transform ---------------------------------------------------------
+    def rht_forward(self, x: torch.Tensor, out: torch.Tensor, block: int, key: tuple[int, int],
+                    norm: float) -> None:
+        """Per block: ``out = norm * H @ (d * x)`` (``d``: ±1 from ``key`` by global index)."""
+        raise self._missing("Hadamard")
+
+    def rht_inverse(self, y: torch.Tensor, out: torch.Tensor, block: int, key: tuple[int, int],
+                    norm: float) -> None:
+        """Per block: ``out = d * (norm * H @ y)``."""
+        raise self._missing("Hadamard")
+
+    # ---- metadata statistics --------------------------------------------------------------------
+    def block_statistics(self, y: torch.Tensor, ops: Sequence[tuple[str, int]]
+                         ) -> dict[tuple[str, int], torch.Tensor]:
+        """float64 block reductions of the zero-padded float32 ``y``.
+
+        Args:
+            y: float32 ``[n]``.
+            ops: ``(op, block)`` pairs, ``op`` in :data:`~dynamiq.kernels.abi.STAT_OPS`.
+
+        Returns:
+            ``(op, block)`` → float64 ``[ceil(n / block)]`` on the CPU: the sums, sums of squares
+            or largest magnitudes (NaN for a block holding a NaN) of every block.
+        """
+        y64 = y.detach().to(device="cpu", dtype=torch.float64)
+        out = {}
+        for op, block in ops:
+            if op not in STAT_OPS:
+                raise ValueError(f"block statistics are {STAT_OPS}, not {op!r}")
+            nb = -(-y64.numel() // block)
+            g = torch.zeros(nb * block, dtype=torch.float64)
+            g[: y64.numel()] = y64
+            g = g.view(nb, block)
+            if op == "sum":
+                out[(op, block)] = g.sum(1)
+            elif op == "sumsq":
+                out[(op, block)] = (g * g).sum(1)
+            else:
+                out[(op, block)] = g.abs().amax(1)
+        return out
+
+
+_backends: dict[str, Backend] | None = None
+_resolved: dict[tuple[str, str], str] = {}
+
+
+def _discover() -> dict[str, Backend]:
+    """Every backend sub-package of :mod:`dynamiq.kernels` (their ``BACKEND``), by name."""
+    global _backends
+    if _backends is None:
+        import dynamiq.kernels as pkg
+
+        found: dict[str, Backend] = {}
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            if not info.ispkg:
+                continue
+            be = getattr(importlib.import_module(f"{pkg.__name__}.{info.name}"), "BACKEND", None)
+            if isinstance(be, Backend):
+                if be.name in found:
+                    raise RuntimeError(f"two kernel backends are named {be.name!r}")
+                found[be.name] = be
+        _backends = found
+    return _backends
+
+
+def backend_names() -> tuple[str, ...]:
+    """Accepted values of every ``backend=`` keyword: ``"auto"`` and each backend's name."""
+    return ("auto", *sorted(_discover()))
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``.
+
+    Raises:
+        ValueError: no backend has that name (the message lists them).
+    """
+    be = _discover().get(name) if isinstance(name, str) else None
+    if be is None:
+        raise ValueError(f"backend must be one of {backend_names()}, got {name!r}")
+    return be
 
 
 def resolve_backend(backend: str, device: torch.device | str) -> str:
-    """The concrete backend (``"numba"`` or ``"triton"``) that runs on tensors of ``device``.
+    """The name of the backend that runs ``backend=`` on tensors of ``device``.
 
-    Args:
-        backend: One of :data:`BACKENDS`.
-        device: The device of the tensors the kernels will read and write.
-
-    Returns:
-        ``"numba"`` or ``"triton"``.
+    ``"auto"`` picks the backend whose :attr:`Backend.auto_devices` has the device's type (Numba
+    for CPU tensors, Triton for CUDA tensors); a named backend is checked against the device.
 
     Raises:
-        ValueError: ``backend`` is not one of :data:`BACKENDS`; ``"numba"`` was asked for with a
-            non-CPU tensor; ``"triton"`` was asked for with a CPU tensor while the Triton
-            interpreter is off; or the device type has no backend at all.
-        ImportError: Triton is needed (``"triton"``, or ``"auto"`` with a CUDA tensor) but not
-            installed; the message is :data:`TRITON_MISSING`.
+        ValueError: ``backend`` names no backend, no backend runs on the device, or the named
+            one cannot run there (the message says what to do instead).
+        ImportError: the backend's package is missing (e.g. triton).
     """
-    if (backend == "auto" or backend == "numba") and isinstance(device, torch.device) \
-            and device.type == "cpu":
-        return "numba"  # the common case, asked once per hop: no further checks needed
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    dev = torch.device(device)
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    key = (backend, dev.type)
+    hit = _resolved.get(key) if isinstance(backend, str) else None
+    if hit is not None:
+        return hit
     if backend == "auto":
-        if dev.type == "cpu":
-            return "numba"
-        if dev.type != "cuda":
-            raise ValueError(
-                f"no backend runs on {dev.type!r} tensors: use CPU tensors (numba) or CUDA "
-                "tensors (triton)"
-            )
-        backend = "triton"
-    if backend == "numba":
-        if dev.type != "cpu":
-            raise ValueError(
-                f"backend='numba' runs on CPU tensors only, got a tensor on {dev}; use "
-                "backend='triton' (or 'auto') for CUDA tensors, or move the tensor to the CPU"
-            )
-        return "numba"
-    if not triton_available():
-        raise ImportError(TRITON_MISSING)
-    if dev.type == "cuda":
-        return "triton"
-    if dev.type == "cpu":
-        if interpreting():
-            return "triton"
-        raise ValueError(
-            "backend='triton' on a CPU tensor needs Triton's interpreter: set TRITON_INTERPRET=1 "
-            "before dynamiq.kernels.triton is imported (slow; meant for tests), or use a CUDA "
-            "tensor, or backend='numba'"
-        )
-    raise ValueError(f"backend='triton' needs CUDA tensors, got a tensor on {dev}")
+        choice = [b for b in _discover().values() if dev.type in b.auto_devices]
+        if not choice:
+            kinds = sorted({t for b in _discover().values() for t in b.auto_devices})
+            raise ValueError(f"no backend runs on {dev.type!r} tensors: use "
+                             f"{' or '.join(k.upper() for k in kinds)} tensors")
+        be = choice[0]
+    else:
+        be = get_backend(backend)
+    be.check_device(dev)
+    if be.stable:
+        _resolved[key] = be.name
+    return be.name
+
+
+def backend_for(backend: str, t: object) -> Backend:
+    """The backend that runs ``backend=`` on tensor ``t`` (a non-tensor counts as CPU)."""
+    device = t.device if isinstance(t, torch.Tensor) else torch.device("cpu")
+    return get_backend(resolve_backend(backend, device))

@@ -31,7 +31,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dynamiq.codecs.allocation import WidthOption, allocate, lagrangian_choice
-from dynamiq.codecs.varwidth import DynamiQ
+from dynamiq.codecs.dynamiq import DynamiQ
 
 # Widths {2, 4, 8} at the codec's exact wire cost per super-group (256 w value bits + 16 UINT8
 # group scales + a BF16 super scale), with the codec's measured error per width (paper ε) and
@@ -86,7 +86,7 @@ def _options(draw, k=None):
 
 
 # the default codec's options (six widths) as configured now, too
-_option_sets = st.one_of(st.just(MEASURED), st.just(PAPER), st.just(DynamiQ()._options_full),
+_option_sets = st.one_of(st.just(MEASURED), st.just(PAPER), st.just(DynamiQ().width_options),
                          _options())
 
 
@@ -274,14 +274,14 @@ def test_infinite_energy_with_a_distant_warm_start_does_not_overflow():
 
 
 def test_codec_options_are_the_ones_modelled_here():
-    """The constants above are the options of ``dynamiq(widths=2/4/8,eps=0.25/0.19/0.09)`` and
-    of ``dynamiq(widths=2/4/8,allocator=paper)`` in groups of 16 (the paper's configuration):
+    """The constants above are the options of ``dynamiq(widths=(2,4,8),eps=(0.25,0.19,0.09))`` and
+    of ``dynamiq(widths=(2,4,8),allocator=paper)`` in groups of 16 (the paper's configuration):
     the counterexamples apply to the codec."""
-    for codec, want in ((DynamiQ(widths="2/4/8", eps="0.25/0.19/0.09", group_size=16,
+    for codec, want in ((DynamiQ(widths=(2, 4, 8), eps=(0.25, 0.19, 0.09), group_size=16,
                                  dither=False, super_scale="bf16"), MEASURED),
-                        (DynamiQ(widths="2/4/8", allocator="paper", group_size=16,
+                        (DynamiQ(widths=(2, 4, 8), allocator="paper", group_size=16,
                                  super_scale="bf16"), PAPER)):
-        got = codec._options_full
+        got = codec.width_options
         assert [(o.width, o.cost) for o in got] == [(o.width, o.cost) for o in want]
         # measured errors are float64 sums whose last bit may depend on the thread count
         assert [o.error for o in got] == pytest.approx([o.error for o in want], rel=1e-12)

@@ -566,13 +566,14 @@ def _gloo_inputs(n: int) -> torch.Tensor:
 def _gloo_plan(rank: int, n: int, _barriers: list) -> dict:
     out: dict = {}
     x = _gloo_inputs(n)[rank]
+    stats = p2p.P2PStats()
     for name in GLOO_PIPES:
         for call in (0, 1):
             t = x.clone()
-            api.all_reduce(t, name, timeout=30)
-            out[(name, call)] = (t.numpy().copy(), p2p.last_stats.bytes_sent)
-        y = p2p.run_p2p(x.clone(), name, call=7, timeout=30, tile_elems=GLOO_TILE)
-        out[(name, "tiled")] = (y.numpy().copy(), p2p.last_stats.bytes_sent)
+            api.all_reduce(t, name, timeout=30, stats=stats)
+            out[(name, call)] = (t.numpy().copy(), stats.bytes_sent)
+        y = p2p.run_p2p(x.clone(), name, call=7, timeout=30, tile_elems=GLOO_TILE, stats=stats)
+        out[(name, "tiled")] = (y.numpy().copy(), stats.bytes_sent)
     return out
 
 

@@ -48,7 +48,7 @@ import pytest
 import torch
 
 from dynamiq import BlockQuantizer, Pipeline, Requant, get_pipeline, simulate
-from dynamiq.codecs.varwidth import DynamiQ
+from dynamiq.codecs.dynamiq import DynamiQ
 
 N, D, K = 4, 4096, 200
 SG = 256
@@ -170,7 +170,7 @@ def _two_hop_z(rounding: str, calls: int = 2000, shared_stream: bool = False) ->
 
     The two roundings draw from the streams the engine gives them, ``(call, chunk, height)``
     (heights 0 and 1 here), unless ``shared_stream``, where both use ``(call,)``."""
-    q = DynamiQ(widths="4", rounding=rounding).quantizers[0]
+    q = DynamiQ(widths=4, rounding=rounding).quantizers[0]
     g = torch.Generator().manual_seed(3)
     x0 = torch.randn(SG, generator=g)
     x1 = torch.randn(SG, generator=g)

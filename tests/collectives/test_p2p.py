@@ -19,7 +19,7 @@ import torch.distributed as dist
 from _world import world_results
 
 from dynamiq.codecs import CODECS, Passthrough
-from dynamiq.collectives import api, p2p
+from dynamiq.collectives import agreement, api, p2p
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import get_pipeline
 from dynamiq.registry import UnknownNameError
@@ -40,7 +40,8 @@ D = 10_000  # not a multiple of the 256-element block: exercises padded tails
 TILE = 512  # forced tile size: several tiles per chunk at D, for every world size used
 SHORT = 3.0  # seconds a rank waits for an absent peer in the timeout checks
 SIZES = {"bf16": (50, 37), "fp16": (41, 43), "avg": 3000, "async": 2999, "nan": 2000,
-         "spec": 1024, "numel": (1500, 1400), "dtype": 1300, "after": 100, "stall": 777}
+         "spec": 1024, "numel": (1500, 1400), "dtype": 1300, "after": 100, "stall": 777,
+         "stats": (1600, 1700)}
 
 
 def _inputs(n: int, d: int, seed: int = 0) -> torch.Tensor:
@@ -68,9 +69,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().reshape(-1).numpy().copy()
 
 
-def _reduced(x: torch.Tensor, name: str) -> np.ndarray:
+def _reduced(x: torch.Tensor, name: str, stats: p2p.P2PStats | None = None) -> np.ndarray:
     t = x.clone()
-    api.all_reduce(t, name, timeout=30)
+    api.all_reduce(t, name, timeout=30, stats=stats)
     return _np(t)
 
 
@@ -79,7 +80,8 @@ def _plan_main(rank: int, n: int, out: dict) -> None:
     x = _inputs(n, D)[rank]
 
     def ours(name):
-        return _reduced(x, name), p2p.last_stats.bytes_sent
+        stats = p2p.P2PStats()
+        return _reduced(x, name, stats), stats.bytes_sent
 
     def theirs():
         t = x.clone()
@@ -87,21 +89,24 @@ def _plan_main(rank: int, n: int, out: dict) -> None:
         return _np(t)
 
     def tiled(name):
-        y = p2p.run_p2p(x, name, call=7, timeout=30, tile_elems=TILE)
-        return _np(y), p2p.last_stats.bytes_sent, p2p.last_stats.messages_sent
+        stats = p2p.P2PStats()
+        y = p2p.run_p2p(x, name, call=7, timeout=30, tile_elems=TILE, stats=stats)
+        return _np(y), stats.bytes_sent, stats.messages_sent
 
     _record(out, "passthrough-fp32", lambda: ours("passthrough-fp32"))
     _record(out, "torch", theirs)
     for name in _pipelines(n):
         _record(out, f"{name}/0", lambda name=name: ours(name))
         _record(out, f"{name}/tiled", lambda name=name: tiled(name))
-        p2p.run_p2p(x, name, call=7, timeout=30)  # untiled, to count its messages
-        out[f"{name}/messages"] = p2p.last_stats.messages_sent
+        untiled = p2p.P2PStats()
+        p2p.run_p2p(x, name, call=7, timeout=30, stats=untiled)  # to count its messages
+        out[f"{name}/messages"] = untiled.messages_sent
     _record(out, "requant-dq4/1", lambda: ours("requant-dq4"))  # second call: call 1
 
     def probe():
-        y = _reduced(x, PROBE)
-        return y, {k: v.double().numpy().copy() for k, v in (p2p.last_stats.stats or {}).items()}
+        stats = p2p.P2PStats()
+        y = _reduced(x, PROBE, stats)
+        return y, {k: v.double().numpy().copy() for k, v in (stats.stats or {}).items()}
 
     _record(out, "probe", probe)
 
@@ -159,6 +164,24 @@ def _plan_features(rank: int, n: int, out: dict) -> None:
     xs = _inputs(n, SIZES["after"], 10)[rank]
     _record(out, "after", lambda: _reduced(xs, "passthrough-fp32"))
 
+    def stats_filled():
+        """A refused call leaves the caller's stats alone; an asynchronous one fills them
+        once ``wait()`` returns."""
+        stats = p2p.P2PStats()
+        t = _inputs(n, SIZES["stats"][rank % 2], 13)[rank]
+        try:
+            api.all_reduce(t, "requant-dq4", timeout=30, stats=stats)
+            error = None
+        except Exception as e:
+            error = type(e).__name__
+        unchanged = stats == p2p.P2PStats()
+        t = _inputs(n, SIZES["stats"][0], 14)[rank]
+        api.all_reduce(t, "requant-dq4", async_op=True, timeout=30, stats=stats).wait()
+        return error, unchanged, (stats.rank, stats.world_size, stats.numel, stats.call,
+                                  stats.bytes_sent, stats.messages_sent)
+
+    _record(out, "stats", stats_filled)
+
 
 def _plan_group(rank: int, n: int, out: dict) -> None:
     """Two disjoint subgroups (even and odd ranks) reduce at the same time."""
@@ -177,9 +200,9 @@ def _plan_stall(rank: int, n: int, out: dict) -> None:
     """Rank n-1 joins the metadata check of a call, then sends nothing."""
     size = SIZES["stall"]
     if rank == n - 1:
-        p2p._check_metadata(None, rank, n, torch.device("cpu"), 30, numel=size,
-                            dtype=torch.float32, pipeline=str(get_pipeline("requant-dq4")),
-                            op="sum", call=0, tile_elems=p2p.TILE_ELEMS)
+        agreement.check_call(None, rank, n, torch.device("cpu"), 30, numel=size,
+                             dtype=torch.float32, pipeline=str(get_pipeline("requant-dq4")),
+                             op="sum", call=0, tile_elems=p2p.TILE_ELEMS)
         out["stall"] = ("absent",)
         return
     out["stall"] = _timed_failure(rank, n, size)
@@ -358,6 +381,31 @@ def test_subgroups_map_ranks_and_count_calls_apart():
             y, got_rank = _ok(res[r], "group")
             assert got_rank == group_rank
             assert _same_bits(y, want[group_rank].numpy())
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_stats_are_filled_by_successful_calls_only(n):
+    res = _world(n, WORLDS[n])
+    d = SIZES["stats"][0]
+    sim = simulate("requant-dq4", _inputs(n, d, 14))
+    for r in range(n):
+        error, unchanged, got = _ok(res[r], "stats")
+        if n == 1:  # nothing to disagree with: the first call went through, as call 0
+            assert (error, unchanged) == (None, False)
+            assert got == (0, 1, d, 1, 0, 0)
+        else:
+            assert error == "CallMismatchError" and unchanged
+            rank, world, numel, call, sent, messages = got
+            assert (rank, world, numel, call) == (r, 2, d, 0)  # the refused call not counted
+            assert sent == sim.bytes_sent[r] and messages > 0
+
+
+def test_stats_of_a_bad_type_are_refused_up_front():
+    with pytest.raises(TypeError, match="stats must be"):
+        api.all_reduce(torch.ones(3), "requant-dq4", stats={})
+    with pytest.raises(TypeError, match="stats must be"):
+        p2p.run_p2p(torch.ones(3), "requant-dq4", call=0, timeout=1, stats={})
+    assert p2p.P2PStats().bits_per_coord == 0.0
 
 
 def test_disagreeing_ranks_raise_everywhere_and_leave_tensors_untouched():

@@ -8,7 +8,8 @@ parent process, against :func:`dynamiq.simulate`:
   counts calls from 0 and keeps the codec state, i.e. the allocator's warm start, between
   them; the simulator is given one state dict for its two calls to do the same);
 * **the bits reported are the bits on the wire**: the bytes every rank actually sent
-  (``p2p.last_stats.bytes_sent``), normalised with the metadata bits of ``last_stats``
+  (``bytes_sent`` of the call's :class:`~dynamiq.collectives.p2p.P2PStats`), normalised with
+  its metadata bits
   (:func:`~dynamiq.collectives.simulator.normalized_bits`), equal the simulator's ``b̄``
   exactly and do not exceed the budget; each rank's bytes are the sum of the ``wire_bytes`` of
   the messages it sends under the call's widths (rebuilt from the statistics the rank saw);
@@ -71,8 +72,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().reshape(-1).numpy().copy()
 
 
-def _stats() -> dict:
-    s = p2p.last_stats
+def _stats(s: p2p.P2PStats) -> dict:
     return {"bytes_sent": s.bytes_sent, "metadata_bits": s.metadata_bits,
             "messages_sent": s.messages_sent, "call": s.call,
             "stats": {k: v.double().numpy().copy() for k, v in (s.stats or {}).items()}}
@@ -80,19 +80,20 @@ def _stats() -> dict:
 
 # ---- what every rank runs ---------------------------------------------------------------------
 def _plan(rank: int, out: dict) -> None:
+    stats = p2p.P2PStats()  # one for every call: each fills all of it
     t = _tail_inputs()[rank].clone()
-    api.all_reduce(t, PIPES["ring"], timeout=60)
-    out["tail"] = (_np(t), _stats())
+    api.all_reduce(t, PIPES["ring"], timeout=60, stats=stats)
+    out["tail"] = (_np(t), _stats(stats))
     x = _inputs()[rank]
     for key, spec in PIPES.items():
         for call in (0, 1):
             t = x.clone()
-            api.all_reduce(t, spec, timeout=60)
-            out[f"{key}/{call}"] = (_np(t), _stats())
-        y = p2p.run_p2p(x, spec, call=TILED_CALL, timeout=60, tile_elems=TILE)
-        out[f"{key}/tiled"] = (_np(y), _stats())
-        y = p2p.run_p2p(x, spec, call=TILED_CALL, timeout=60)
-        out[f"{key}/untiled"] = (_np(y), _stats())
+            api.all_reduce(t, spec, timeout=60, stats=stats)
+            out[f"{key}/{call}"] = (_np(t), _stats(stats))
+        y = p2p.run_p2p(x, spec, call=TILED_CALL, timeout=60, tile_elems=TILE, stats=stats)
+        out[f"{key}/tiled"] = (_np(y), _stats(stats))
+        y = p2p.run_p2p(x, spec, call=TILED_CALL, timeout=60, stats=stats)
+        out[f"{key}/untiled"] = (_np(y), _stats(stats))
 
 
 def _run_plan(rank: int, _n: int, _barriers: list) -> dict:

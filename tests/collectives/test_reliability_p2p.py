@@ -29,8 +29,11 @@ import torch
 import torch.distributed as dist
 from _world import fork_worlds, spawn_world
 
-from dynamiq.collectives import api, p2p
+from dynamiq.collectives import api, p2p, transport
+from dynamiq.collectives.agreement import CALL_COUNTERS
+from dynamiq.collectives.buffers import PROGRAM_CACHE
 from dynamiq.collectives.simulator import simulate
+from dynamiq.pipeline import get_pipeline
 
 SHORT = 2.0  # seconds: the timeout of the calls that are meant to fail
 SLACK = 4.0  # seconds a failing rank may take beyond SHORT (slow start, loaded machine)
@@ -175,7 +178,7 @@ def _plan_stalls(rank: int, n: int, barrier, out: dict) -> None:
 
     def arrive_late():
         # past the others' timeout and the grace after it, when their links close
-        time.sleep(SHORT + p2p._grace(SHORT) + 1.0)
+        time.sleep(SHORT + transport.grace(SHORT) + 1.0)
 
     for seed, name in enumerate(RING, 30):
         x = _inputs(n, D, seed)[rank]
@@ -456,13 +459,11 @@ def test_c_state_of_a_freed_group_goes_with_it():
         pass
 
     g = Group()
-    ref = p2p._group_key(g)
-    assert ref() is g and p2p._group_key(g) is ref
-    with p2p._lock:
-        p2p._programs[("probe", ref)] = object()
-    with api._counter_lock:
-        api._calls[(ref, "probe", 1)] = 3
+    ref = PROGRAM_CACHE.group_key(g)
+    assert ref() is g and PROGRAM_CACHE.group_key(g) is ref
+    PROGRAM_CACHE.program(get_pipeline("requant-dq4"), 2, 512, 512, g, 0, torch.device("cpu"))
+    CALL_COUNTERS.next((ref, "probe", 1))
+    assert PROGRAM_CACHE.holds(ref) and CALL_COUNTERS.holds(ref)
     del g
     assert ref() is None
-    assert not any(ref in k for k in p2p._programs)
-    assert not any(k[0] is ref for k in api._calls)
+    assert not PROGRAM_CACHE.holds(ref) and not CALL_COUNTERS.holds(ref)

@@ -41,9 +41,11 @@ def test_format_registered_in_a_test_is_enrolled():
 def test_conformance_catches_a_broken_kernel_table():
     # sabotage the decode table the kernels see (not the reference's): the check must notice
     q = BlockQuantizer("e2m1", group_size=8, scale="e8m0", scale_rounding="ocp")
-    tables, consts = q._kernel_args
+    from dynamiq.kernels.numba import blocks as numba_blocks
+
+    tables, consts = numba_blocks.kernel_args(q._code)
     tables = list(tables)
     tables[2] = tables[2] * 1.01
-    object.__setattr__(q, "_kernel_args", (tuple(tables), consts))
+    numba_blocks._args[q._code] = (tuple(tables), consts)
     with pytest.raises(AssertionError, match="decode"):
         check_quantizer(q)

@@ -20,7 +20,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 @pytest.fixture(autouse=True)
 def _triton_interpreted():
-    mod = sys.modules.get("dynamiq.kernels.triton.blocks")
+    mod = sys.modules.get("dynamiq.kernels.triton.jit.blocks")
     if mod is not None and type(mod.encode_kernel).__name__ != "InterpretedFunction":
         pytest.fail("dynamiq.kernels.triton was imported before TRITON_INTERPRET=1 was set")
     yield

@@ -55,7 +55,9 @@ from dynamiq.collectives import api, p2p
 from dynamiq.collectives.metadata import local_statistics
 from dynamiq.formats import LevelFormat
 from dynamiq.kernels import backend as kb
-from dynamiq.kernels.triton import launch_baselines as lb
+from dynamiq.kernels.triton import intsum as lb_int
+from dynamiq.kernels.triton import shared_scale as lb_shared
+from dynamiq.kernels.triton import wire as lb
 from dynamiq.testing import representative_codecs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,7 +196,9 @@ def test_codecs_outside_a_collective_match_numba():
 def small_tiles(monkeypatch):
     """Tiles of 64 coordinates and one row per program: chunks span several programs, the last
     one partly outside the chunk."""
-    monkeypatch.setattr(lb, "TILE_INTERPRETED", 64)
+    from dynamiq.kernels.triton import common
+
+    monkeypatch.setattr(common, "TILE_INTERPRETED", 64)
     monkeypatch.setattr(lb, "ROWS_INTERPRETED", 1)
 
 
@@ -297,12 +301,12 @@ def test_launcher_argument_checks():
     with pytest.raises(ValueError, match="message"):
         lb.wire_decode(torch.zeros(3, dtype=torch.uint8), "fp32", x)
     with pytest.raises(ValueError, match="must not be the incoming"):
-        data = lb.intsum_encode(x, 1.0, 8, (1, 2), 0)
-        lb.intsum_recompress(data, x, 1.0, 8, (1, 2), 0, out=data)
+        data = lb_int.intsum_encode(x, 1.0, 8, (1, 2), 0)
+        lb_int.intsum_recompress(data, x, 1.0, 8, (1, 2), 0, out=data)
     with pytest.raises(ValueError, match="bits"):
-        lb.intsum_encode(x, 1.0, 25, (1, 2), 0)
+        lb_int.intsum_encode(x, 1.0, 25, (1, 2), 0)
     with pytest.raises(ValueError, match="scales"):
-        lb.shared_encode(x, torch.ones(1), 32, 7, (None,) * 4)
+        lb_shared.shared_encode(x, torch.ones(1), 32, 7, (None,) * 4)
     with pytest.raises(ValueError, match="rows"):
         lb.gather_rows(torch.randn(300), torch.arange(1))
 
@@ -377,7 +381,7 @@ _RANK = textwrap.dedent("""
     import dynamiq, dynamiq.baselines
     from dynamiq.collectives import api, p2p
     from triton.runtime.interpreter import InterpretedFunction
-    from dynamiq.kernels.triton import blocks
+    from dynamiq.kernels.triton.jit import blocks
     assert isinstance(blocks.encode_kernel, InterpretedFunction)
     rank, port, out, d = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     torch.set_num_threads(1)
@@ -501,7 +505,9 @@ _COMPILE = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from dynamiq.kernels.triton import baselines as kb
+    from dynamiq.kernels.triton.jit import intsum as ki
+    from dynamiq.kernels.triton.jit import shared_scale as ks
+    from dynamiq.kernels.triton.jit import wire as kw
 
     def compile_(fn, sig, consts):
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
@@ -517,32 +523,32 @@ _COMPILE = textwrap.dedent("""
     for mb, blk in ((3, 16), (5, 32), (7, 32)):
         g = math.gcd(mb + 1, 8)
         c = dict(BLOCK=blk, MBITS=mb, TILE=1024, E=8 // g, L=(mb + 1) // g)
-        compile_(kb.shared_encode_kernel, dict(x=F, n="i64", nbytes="i64", scales=F, out=U8,
+        compile_(ks.shared_encode_kernel, dict(x=F, n="i64", nbytes="i64", scales=F, out=U8,
                  tab=F, lut="*i32", iconst=I64), c)
-        compile_(kb.shared_decode_kernel, dict(data=U8, n="i64", nbytes="i64", scales=F,
+        compile_(ks.shared_decode_kernel, dict(data=U8, n="i64", nbytes="i64", scales=F,
                  out=F, dec=F), {**c, "ACCUMULATE": True})
-        compile_(kb.shared_recompress_kernel, dict(data=U8, acc=F, n="i64", nbytes="i64",
+        compile_(ks.shared_recompress_kernel, dict(data=U8, acc=F, n="i64", nbytes="i64",
                  scales=F, out=U8, tab=F, lut="*i32", dec=F, iconst=I64),
                  {**c, "WRITEBACK": 2})
     for bits in (6, 13, 24):
         g = math.gcd(bits, 8)
         c = dict(BITS=bits, TILE=1024, E=8 // g, L=bits // g)
-        compile_(kb.intsum_encode_kernel, dict(x=F, n="i64", nbytes="i64", out=U8, fconst=F,
+        compile_(ki.intsum_encode_kernel, dict(x=F, n="i64", nbytes="i64", out=U8, fconst=F,
                  rand=I64), c)
-        compile_(kb.intsum_decode_kernel, dict(data=U8, n="i64", nbytes="i64", out=F,
+        compile_(ki.intsum_decode_kernel, dict(data=U8, n="i64", nbytes="i64", out=F,
                  fconst=F), {**c, "ACCUMULATE": True})
-        compile_(kb.intsum_recompress_kernel, dict(data=U8, acc=F, n="i64", nbytes="i64",
+        compile_(ki.intsum_recompress_kernel, dict(data=U8, acc=F, n="i64", nbytes="i64",
                  out=U8, fconst=F, rand=I64), {**c, "WRITEBACK": 2})
     for bf16, wire in ((True, "*i16"), (False, F)):
         c = dict(BF16=bf16, SELECT=True, SB=256, TILE=1024)
-        compile_(kb.wire_encode_kernel, dict(x=F, n="i64", wire=wire, bpos=I64, nan16="i32"), c)
-        compile_(kb.wire_decode_kernel, dict(wire=wire, n="i64", out=F, bpos=I64),
+        compile_(kw.wire_encode_kernel, dict(x=F, n="i64", wire=wire, bpos=I64, nan16="i32"), c)
+        compile_(kw.wire_decode_kernel, dict(wire=wire, n="i64", out=F, bpos=I64),
                  {**c, "ACCUMULATE": True})
-        compile_(kb.wire_recompress_kernel, dict(wire=wire, acc=F, n="i64", out=wire,
+        compile_(kw.wire_recompress_kernel, dict(wire=wire, acc=F, n="i64", out=wire,
                  bpos=I64, nan16="i32"), {**c, "WRITEBACK": 2})
-    compile_(kb.gather_rows_kernel, dict(x=F, n="i64", order=I64, rows="i64", g=F),
+    compile_(kw.gather_rows_kernel, dict(x=F, n="i64", order=I64, rows="i64", g=F),
              dict(ROW=256, RPP=4))
-    compile_(kb.scatter_rows_kernel, dict(g=F, n="i64", order=I64, rows="i64", out=F),
+    compile_(kw.scatter_rows_kernel, dict(g=F, n="i64", order=I64, rows="i64", out=F),
              dict(ROW=256, RPP=4, ADD=True))
     print("compiled")
 """)

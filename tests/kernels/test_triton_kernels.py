@@ -29,9 +29,10 @@ from dynamiq import rng as host_rng
 from dynamiq.collectives import metadata
 from dynamiq.formats import FloatFormat, IntFormat, LevelFormat
 from dynamiq.kernels import backend as kb
-from dynamiq.kernels.triton import launch
-from dynamiq.kernels.triton import rng as trng
+from dynamiq.kernels import triton as ktriton
+from dynamiq.kernels.triton import blocks as launch
 from dynamiq.kernels.triton import stats as tstats
+from dynamiq.kernels.triton.jit import rng as trng
 
 # (seed, rank, world_size, stream, index_offset): trivial, and everything non-trivial (an offset
 # past 2**32 exercises the high word of the hashed index)
@@ -273,14 +274,14 @@ def test_tile_size_does_not_change_bytes(name, nb):
     q = QUANTIZERS[name]
     x = case_vector(q, 4)[: 3 * q.block_size + 5].clone()
     rand = q._rand(5, 1, 2, (3,), 40)
-    want = launch.encode(q, x, rand)
-    got = launch.encode(q, x, rand, blocks_per_program=nb)
+    want = launch.encode(q._code, x, rand)
+    got = launch.encode(q._code, x, rand, blocks_per_program=nb)
     assert_same_bytes(got, want, f"{name} NB={nb}")
-    assert_same_floats(launch.decode(q, got, x.numel(), blocks_per_program=nb),
-                       launch.decode(q, want, x.numel()), f"{name} decode NB={nb}")
+    assert_same_floats(launch.decode(q._code, got, x.numel(), rand, blocks_per_program=nb),
+                       launch.decode(q._code, want, x.numel(), rand), f"{name} decode NB={nb}")
     acc1, acc2 = x.clone(), x.clone()
-    r1 = launch.recompress(q, want, acc1, rand, "decoded")
-    r2 = launch.recompress(q, want, acc2, rand, "decoded", blocks_per_program=nb)
+    r1 = launch.recompress(q._code, want, acc1, rand, "decoded")
+    r2 = launch.recompress(q._code, want, acc2, rand, "decoded", blocks_per_program=nb)
     assert_same_bytes(r2, r1, f"{name} recompress NB={nb}")
     assert_same_floats(acc2, acc1, f"{name} recompress acc NB={nb}")
 
@@ -306,24 +307,24 @@ def test_launchers_reject_bad_arguments():
     x = torch.randn(100)
     rand = q._rand(0, 0, 1, (), 0)
     with pytest.raises(ValueError, match="float32"):
-        launch.encode(q, x.double(), rand)
+        launch.encode(q._code, x.double(), rand)
     with pytest.raises(ValueError, match="contiguous"):
-        launch.encode(q, torch.randn(200)[::2], rand)
+        launch.encode(q._code, torch.randn(200)[::2], rand)
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
-        launch.encode(q, x.numpy(), rand)
+        launch.encode(q._code, x.numpy(), rand)
     with pytest.raises(ValueError, match="out must be"):
-        launch.encode(q, x, rand, torch.empty(3, dtype=torch.uint8))
-    data = launch.encode(q, x, rand)
+        launch.encode(q._code, x, rand, torch.empty(3, dtype=torch.uint8))
+    data = launch.encode(q._code, x, rand)
     with pytest.raises(ValueError, match="payload data"):
-        launch.decode(q, data[:-1], 100)
+        launch.decode(q._code, data[:-1], 100, rand)
     with pytest.raises(ValueError, match="accumulate"):
-        launch.decode(q, data, 100, accumulate=True)
+        launch.decode(q._code, data, 100, rand, accumulate=True)
     with pytest.raises(ValueError, match="writeback"):
-        launch.recompress(q, data, x.clone(), rand, "all")
+        launch.recompress(q._code, data, x.clone(), rand, "all")
     with pytest.raises(ValueError, match="must not be the incoming"):
-        launch.recompress(q, data, x.clone(), rand, "none", out=data)
+        launch.recompress(q._code, data, x.clone(), rand, "none", out=data)
     with pytest.raises(ValueError, match="power of two"):
-        launch.encode(q, x, rand, blocks_per_program=3)
+        launch.encode(q._code, x, rand, blocks_per_program=3)
     with pytest.raises(ValueError, match="different quantizer"):
         QUANTIZERS["mxfp6"].decode(q.encode(x), backend="triton")
 
@@ -347,12 +348,12 @@ def test_resolve_backend(monkeypatch):
         kb.resolve_backend("triton", cpu)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         QUANTIZERS["mxfp8"].encode(torch.randn(8), backend="triton")
-    monkeypatch.setattr(kb.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(ktriton.importlib.util, "find_spec", lambda name: None)
     for be, dev in (("triton", cpu), ("triton", cuda), ("auto", cuda)):
         with pytest.raises(ImportError) as err:
             kb.resolve_backend(be, dev)
-        assert str(err.value) == kb.TRITON_MISSING
-    assert str(kb.TRITON_MISSING) == (
+        assert str(err.value) == ktriton.TRITON_MISSING
+    assert str(ktriton.TRITON_MISSING) == (
         "backend='triton' needs the triton package: pip install 'dynamiq[triton]'"
     )
 
@@ -380,26 +381,28 @@ def test_statistics_match_metadata_phase():
     y[601] = -np.inf
     y[700:760] = 0.0
     y = torch.from_numpy(y)
-    names = [n for n in metadata.STATISTICS.names() if n in tstats.OPS]
+    names = [n for n in metadata.STATISTICS.names() if metadata.STATISTICS[n].op]
     assert {"sum", "sumsq", "absmax"} <= set(names)
     want = metadata.local_statistics(names, y)
     got = metadata.local_statistics(names, y, backend="triton")
-    raw = tstats.local_statistics(names, y)
+    ops = sorted({(metadata.STATISTICS[n].op, metadata.STATISTICS[n].block) for n in names})
+    raw_ops = tstats.block_statistics(y, ops)
     for name in names:
         st = metadata.STATISTICS[name]
+        raw = raw_ops[(st.op, st.block)]
         nb = st.blocks(y.numel())
         g = torch.zeros(nb * st.block, dtype=torch.float64)
         g[: y.numel()] = y.double()
         exact = st.local(g.view(nb, st.block))
-        assert torch.equal(torch.isnan(raw[name]), torch.isnan(exact)), name
+        assert torch.equal(torch.isnan(raw), torch.isnan(exact)), name
         fin = torch.isfinite(exact)
-        assert torch.equal(raw[name][~fin & ~exact.isnan()], exact[~fin & ~exact.isnan()]), name
-        err = (raw[name] - exact).abs()[fin]
-        assert (err <= tstats.stats_tolerance(name, y)[fin]).all(), name
+        assert torch.equal(raw[~fin & ~exact.isnan()], exact[~fin & ~exact.isnan()]), name
+        err = (raw - exact).abs()[fin]
+        assert (err <= tstats.stats_tolerance(st.op, st.block, y)[fin]).all(), name
         # the wire values through either backend: equal (no sum here sits within the float64
         # bound of a rounding boundary)
         assert torch.equal(got[name].nan_to_num(7.0), want[name].nan_to_num(7.0)), name
         assert torch.equal(got[name].isnan(), want[name].isnan()), name
     with pytest.raises(ValueError, match="computes"):
-        tstats.local_statistics(["median"], y)
+        tstats.block_statistics(y, [("median", 256)])
 

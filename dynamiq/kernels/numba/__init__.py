@@ -1,0 +1,81 @@
+"""The Numba backend: compiled CPU kernels, the default for CPU tensors.
+
+* :mod:`~dynamiq.kernels.numba.rng` — the counter-based hash and uniforms;
+* :mod:`~dynamiq.kernels.numba.elements` — device functions of the block quantization maths;
+* :mod:`~dynamiq.kernels.numba.blocks` — generation and launch of the block kernels (template
+  :mod:`~dynamiq.kernels.numba._blocks`);
+* :mod:`~dynamiq.kernels.numba.packing` — the bit streams of per-coordinate codes;
+* :mod:`~dynamiq.kernels.numba.shared_scale`, :mod:`~dynamiq.kernels.numba.intsum` — the
+  shared-scale and integer-sum codes;
+* :mod:`~dynamiq.kernels.numba.hadamard` — the blocked randomized Hadamard transform.
+
+Wire values, row permutations and block statistics are torch operations
+(:class:`~dynamiq.kernels.backend.Backend`'s own). Submodules (and Numba) are imported on
+first use, so discovering the backend costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+
+from dynamiq.kernels.backend import Backend
+
+__all__ = ["BACKEND", "NumbaBackend"]
+
+
+def _mod(name: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+class NumbaBackend(Backend):
+    """Numba kernels on CPU tensors (every tensor argument contiguous and on the CPU)."""
+
+    name = "numba"
+    auto_devices = ("cpu",)
+
+    def check_device(self, device: torch.device) -> None:
+        if device.type != "cpu":
+            raise ValueError(
+                f"backend='numba' runs on CPU tensors only, got a tensor on {device}; use "
+                "backend='triton' (or 'auto') for CUDA tensors, or move the tensor to the CPU"
+            )
+
+    def block_encode(self, code, x, rand, out):
+        _mod("blocks").block_encode(code, x, rand, out)
+
+    def block_decode(self, code, data, out, rand, accumulate):
+        _mod("blocks").block_decode(code, data, out, rand, accumulate)
+
+    def block_recompress(self, code, data, acc, rand, irand, writeback, out):
+        _mod("blocks").block_recompress(code, data, acc, rand, irand, writeback, out)
+
+    def shared_encode(self, code, x, scales, block, out):
+        _mod("shared_scale").encode(code, x, scales, block, out)
+
+    def shared_decode(self, code, data, scales, block, out, accumulate):
+        _mod("shared_scale").decode(code, data, scales, block, out, accumulate)
+
+    def shared_recompress(self, code, data, acc, scales, block, writeback, out):
+        _mod("shared_scale").recompress(code, data, acc, scales, block, writeback, out)
+
+    def intsum_encode(self, x, step, bits, key, offset, out):
+        _mod("intsum").encode(x, step, bits, key, offset, out)
+
+    def intsum_decode(self, data, step, bits, out, accumulate):
+        _mod("intsum").decode(data, step, bits, out, accumulate)
+
+    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out):
+        _mod("intsum").recompress(data, acc, step, bits, key, offset, writeback, out)
+
+    def rht_forward(self, x, out, block, key, norm):
+        _mod("hadamard").rht_forward(x.numpy(), out.numpy(), block, key[0], key[1], norm)
+
+    def rht_inverse(self, y, out, block, key, norm):
+        _mod("hadamard").rht_inverse(y.numpy(), out.numpy(), block, key[0], key[1], norm)
+
+
+#: The backend's instance, found by :func:`dynamiq.kernels.backend.get_backend`.
+BACKEND = NumbaBackend()

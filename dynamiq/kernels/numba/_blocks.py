@@ -1,20 +1,20 @@
 """Template of the block-level Numba kernels (encode, decode, fused recompress).
 
-:func:`dynamiq.kernels.numba.codec.kernels` instantiates this file once per
-:class:`~dynamiq.kernels.numba.codec.KernelSpec`, replacing the constants between the spec
+:func:`dynamiq.kernels.numba.blocks.kernels` instantiates this file once per
+:class:`~dynamiq.kernels.abi.KernelSpec`, replacing the constants between the spec
 markers; importing it directly gives the variant below (8-bit elements, groups of 32), which is
 what linters and readers see. Numba compiles module constants as literals, so every branch on
 them below is resolved at compile time.
 
-Runtime arguments (see ``codec.py``): ``tables``, ``consts``, ``rand`` tuples; byte streams
-``codes``, ``scales``, ``supers``; whole blocks live in ``x``/``out``/``acc`` and the partial last
-block (if any) in ``tail``.
+Runtime arguments (see :mod:`dynamiq.kernels.numba.blocks`): ``tables``, ``consts``, ``rand``
+tuples; byte streams ``codes``, ``scales``, ``supers``; whole blocks live in
+``x``/``out``/``acc`` and the partial last block (if any) in ``tail``.
 """
 
 import numba as nb
 import numpy as np
 
-from dynamiq.kernels.numba.codec import (
+from dynamiq.kernels.numba.elements import (
     STOCHASTIC,
     UP,
     absmax,

@@ -6,8 +6,8 @@ is cut into consecutive blocks of ``block`` elements, and every block is rotated
 * forward:  ``y_blk = norm * FWHT(d_blk * x_blk)``
 * inverse:  ``x_blk = d_blk * (norm * FWHT(y_blk))``
 
-``norm`` is the float32 value of ``1/sqrt(block)`` (see :func:`rht_norm`) and ``d`` is a ±1
-diagonal drawn from the counter-based RNG: ``d_i = +1`` if ``hash_u32(k0, k1, i) & 1 == 0`` else
+``norm`` is the float32 value of ``1/sqrt(block)`` (:func:`dynamiq.kernels.abi.rht_norm`) and
+``d`` is a ±1 diagonal drawn from the counter-based RNG: ``d_i = +1`` if ``hash_u32(k0, k1, i) & 1 == 0`` else
 ``-1``, where ``i`` is the *global* element index (position in the whole vector, not in the
 block). Because ``FWHT`` is the Sylvester Hadamard matrix ``H`` (``H @ H == block * I``), the
 inverse undoes the forward transform exactly in real arithmetic.
@@ -30,43 +30,18 @@ No fused multiply-add can occur: there is no multiply feeding an add anywhere.
 
 from __future__ import annotations
 
-import math
-
 import numba as nb
 import numpy as np
 
+from dynamiq.kernels.abi import MAX_HADAMARD_BLOCK, MIN_HADAMARD_BLOCK
 from dynamiq.kernels.numba.rng import hash_u32
 
-__all__ = ["MAX_BLOCK", "MIN_BLOCK", "fwht_block", "rht_forward", "rht_inverse", "rht_norm"]
+__all__ = ["fwht_block", "rht_forward", "rht_inverse"]
 
-MIN_BLOCK = 2
-MAX_BLOCK = 1 << 16
+MIN_BLOCK = MIN_HADAMARD_BLOCK
+MAX_BLOCK = MAX_HADAMARD_BLOCK
 
 _ONE = np.uint64(1)
-
-
-def rht_norm(block: int) -> np.float32:
-    """The float32 scale ``1/sqrt(block)`` used by both kernels, correctly rounded.
-
-    Args:
-        block: Block size, a power of two in ``[2, 2**16]``.
-
-    Returns:
-        ``np.float32``: ``2**(-L/2)`` exactly when ``L = log2(block)`` is even, otherwise the
-        float32 nearest to ``sqrt(1/2)`` scaled by ``2**(-(L-1)/2)`` (an exact power-of-two
-        scaling, so still the float32 nearest to ``1/sqrt(block)``).
-
-    Raises:
-        ValueError: ``block`` is not a power of two in range.
-    """
-    if not (MIN_BLOCK <= block <= MAX_BLOCK) or block & (block - 1):
-        raise ValueError(f"block must be a power of two in [2, 65536], got {block}")
-    log2 = block.bit_length() - 1
-    if log2 % 2 == 0:
-        return np.float32(math.ldexp(1.0, -(log2 // 2)))
-    # Scaling the rounded sqrt(1/2) by a power of two keeps it the correctly rounded value and
-    # avoids the double rounding a float64 1/sqrt(block) -> float32 conversion could suffer.
-    return np.float32(math.ldexp(float(np.float32(math.sqrt(0.5))), -((log2 - 1) // 2)))
 
 
 @nb.njit(cache=True)

@@ -29,64 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-from dynamiq.kernels.numba.hadamard import MAX_BLOCK, MIN_BLOCK
-from dynamiq.kernels.triton.codec import flip_sign
-from dynamiq.kernels.triton.launch import _check_device, _on
-from dynamiq.kernels.triton.rng import hash_u32
+from dynamiq.kernels.abi import MAX_HADAMARD_BLOCK, MIN_HADAMARD_BLOCK
+from dynamiq.kernels.triton.common import check_device, on_device
+from dynamiq.kernels.triton.jit.hadamard import rht_pass_kernel
 
-__all__ = ["MAX_TILE", "fwht_rows", "rht_forward", "rht_inverse", "rht_pass_kernel"]
+__all__ = ["MAX_TILE", "rht_forward", "rht_inverse"]
 
 #: Default largest tile (elements) a program holds; also the largest one-pass block.
 MAX_TILE = 4096
-
-
-@triton.jit
-def fwht_rows(v, M: tl.constexpr, CI: tl.constexpr, NS: tl.constexpr):
-    """Unnormalised Walsh–Hadamard transform along axis 0 of the float32 ``[M, CI]`` tile.
-
-    ``M == 2**NS``. Local stage ``j`` views the rows as ``[M / 2h, 2, h]`` (``h = 2**j``), so the
-    two halves of the middle axis are ``a = v[m]`` and ``b = v[m + h]``, and writes back
-    ``(a + b, a - b)``; equivalent to numba ``fwht_block`` on every column.
-    """
-    for j in tl.static_range(NS):
-        w = tl.reshape(v, (M // (2 << j), 2, 1 << j, CI))
-        a, b = tl.split(tl.permute(w, (0, 2, 3, 1)))
-        w = tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2))
-        v = tl.reshape(w, (M, CI))
-    return v
-
-
-@triton.jit
-def rht_pass_kernel(src, dst, key, norm, S0: tl.constexpr, NS: tl.constexpr,
-                    CI: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
-                    INVERSE: tl.constexpr):
-    """FWHT stages ``S0 .. S0 + NS - 1`` of every block, from ``src`` into ``dst``.
-
-    ``FIRST`` applies the forward transform's sign flip on load; ``LAST`` multiplies by
-    ``norm`` and applies the inverse transform's sign flip. ``key`` is int64 ``[k0, k1]``.
-    ``dst`` may be ``src`` (each program reads its tile before writing it).
-    """
-    pid = tl.program_id(0).to(tl.int64)
-    outer = pid // ((1 << S0) // CI)  # tiles of CI columns: 2**S0 // CI of them per row group
-    i0 = (pid % ((1 << S0) // CI)) * CI
-    m = tl.arange(0, 1 << NS)
-    idx = (outer * (1 << NS) + m[:, None]) * (1 << S0) + i0 + tl.arange(0, CI)[None, :]
-    v = tl.load(src + idx)
-    if FIRST or LAST:
-        k0 = tl.load(key + 0).to(tl.uint32)
-        k1 = tl.load(key + 1).to(tl.uint32)
-        neg = (hash_u32(k0, k1, idx) & 1) != 0
-    if FIRST and not INVERSE:
-        v = flip_sign(v, neg)
-    v = fwht_rows(v, 1 << NS, CI, NS)
-    if LAST:
-        v = v * norm
-        if INVERSE:
-            v = flip_sign(v, neg)
-    tl.store(dst + idx, v)
 
 
 def _passes(log: int, log_tile: int) -> list[tuple[int, int, int]]:
@@ -103,7 +54,8 @@ def _passes(log: int, log_tile: int) -> list[tuple[int, int, int]]:
 
 def _launch(x: torch.Tensor, out: torch.Tensor, block: int, k0: int, k1: int, norm: float,
             inverse: bool, max_tile: int) -> None:
-    if not isinstance(block, int) or not MIN_BLOCK <= block <= MAX_BLOCK or block & (block - 1):
+    if (not isinstance(block, int) or not MIN_HADAMARD_BLOCK <= block <= MAX_HADAMARD_BLOCK
+            or block & (block - 1)):
         raise ValueError(f"block must be a power of two in [2, 65536], got {block!r}")
     if not isinstance(max_tile, int) or max_tile < 2 or max_tile & (max_tile - 1):
         raise ValueError(f"max_tile must be a power of two >= 2, got {max_tile!r}")
@@ -116,14 +68,14 @@ def _launch(x: torch.Tensor, out: torch.Tensor, block: int, k0: int, k1: int, no
         raise ValueError("input length must be a multiple of block")
     if out.numel() != x.numel() or out.device != x.device:
         raise ValueError("out must have the input's length and device")
-    _check_device(x.device)
+    check_device(x.device)
     n = x.numel()
     if n == 0:
         return
     key = torch.tensor([int(k0), int(k1)], dtype=torch.int64).to(x.device)
     passes = _passes(block.bit_length() - 1, max_tile.bit_length() - 1)
     norm32 = float(np.float32(norm))
-    with _on(x.device):
+    with on_device(x.device):
         for k, (s0, ns, ci) in enumerate(passes):
             tile = ci << ns
             grid = (n // tile,)

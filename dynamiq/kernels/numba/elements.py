@@ -1,7 +1,8 @@
-"""Numba kernels for block-scaled quantization: the CPU reference and CPU execution path.
+"""Numba device functions of block quantization: the element and scale maths.
 
 The data layout and the arithmetic (float32 throughout, fixed operation order) are the contract
-that other backends reproduce bit for bit:
+that every backend reproduces bit for bit (the readable statement is
+:mod:`dynamiq.kernels.reference.blocks`):
 
 * The input is processed in *blocks*: a super-group when scales are hierarchical, else a group.
   Blocks are independent, so kernels run in parallel over blocks. A partial last block is read as
@@ -15,70 +16,31 @@ that other backends reproduce bit for bit:
 * A block containing NaN/Inf gets its top-level scale set to the scale format's NaN code, so the
   whole block decodes to NaN: non-finite input is never silently made finite.
 
-Kernels are *specialised*: each takes the quantizer's compile-time parameters packed into one
-integer (:class:`KernelSpec`) that Numba compiles as a literal, so the inner loops see constant
-code widths, rounding modes and group sizes; a newly registered format needs no kernel code
-(its tables are runtime arrays). Each piece of maths is one device function below.
+The kernels themselves are generated per :class:`~dynamiq.kernels.abi.KernelSpec` from the
+template :mod:`dynamiq.kernels.numba._blocks` (see :mod:`dynamiq.kernels.numba.blocks`); each
+piece of maths is one device function below.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import re
-import sys
-import tempfile
-from pathlib import Path
-from types import ModuleType
-from typing import NamedTuple
-
 import numba as nb
 import numpy as np
 
+from dynamiq.kernels.abi import FLT_MAX, KIND_FP32, KIND_TABLE, Rounding
 from dynamiq.kernels.numba.rng import hash_u32, stratum, uniform
 
-# rounding modes shared by every backend (see dynamiq.quantizers)
-NEAREST = 0
-STOCHASTIC = 1
-UP = 2
-DOWN = 3
-CORRELATED = 4
+__all__ = [
+    "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "decode_scale", "draw_uniform",
+    "element_code", "element_value", "encode_scale", "load_word", "lut_bracket",
+    "round_bracket", "round_index", "search_bracket", "store_word", "uniform",
+]
 
-KIND_TABLE = 0
-KIND_FP32 = 1
-
-#: The largest finite float32 value: decoded values saturate there.
-FLT_MAX = np.float32(np.finfo(np.float32).max)
-
-
-class KernelSpec(NamedTuple):
-    """Compile-time parameters of the block kernels: one generated, disk-cached variant each.
-
-    Everything else about a format (its magnitude, decode and lookup tables, the scale
-    divisor) is a runtime argument, so formats of the same width share a compiled kernel.
-    """
-
-    bits: int  # element code width, 1-16
-    mbits: int  # element magnitude bits
-    emode: int  # NEAREST | STOCHASTIC | CORRELATED
-    group: int  # G (power of two)
-    block: int  # super-group size if hierarchical, else G (power of two)
-    hier: bool
-    skind: int  # group scale: KIND_TABLE | KIND_FP32
-    sbytes: int  # bytes per group scale code
-    smode: int  # NEAREST | STOCHASTIC | UP | DOWN
-    ukind: int  # super scale kind
-    ubytes: int  # bytes per super scale code
-    dither: bool = False  # decoding subtracts the encoder's dither (see element_value)
-
-    def tag(self) -> str:
-        """Readable, unique name of the variant (used for its generated module)."""
-        return (
-            f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
-            f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
-            f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}"
-        )
+# plain ints, which Numba compiles as constants
+NEAREST = int(Rounding.NEAREST)
+STOCHASTIC = int(Rounding.STOCHASTIC)
+UP = int(Rounding.UP)
+DOWN = int(Rounding.DOWN)
+CORRELATED = int(Rounding.CORRELATED)
 
 
 @nb.njit(inline="always", cache=True)
@@ -237,91 +199,3 @@ def absmax(src, start, count):
         amax = max(amax, abs(v))
         chk += v - v  # 0 for finite values, NaN for NaN/Inf
     return amax, chk != 0.0 or chk != chk
-
-
-# Runtime arguments travel as three tuples so that every kernel has a short, uniform signature
-# (built by dynamiq.quantizers):
-#   tables  = (etab, lut, edec, stab, sdec, utab, udec)       float32/int32 arrays
-#   consts  = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap)
-#             scale-format scalars, the element table size and its bucket lookup, and the
-#             dither amplitude (float32; used by dithered decoding only)
-#   rand    = (k0, k1, p0, p1, q0, q1, rank, world, offset)   random-number keys and position
-
-_TEMPLATE = Path(__file__).with_name("_blocks.py")
-_HEADER = re.compile(r"# --- spec ---\n.*?# --- end spec ---\n", re.S)
-_loaded: dict[KernelSpec, ModuleType] = {}
-
-
-def kernel_cache_dir() -> Path:
-    """Where generated kernel modules (and Numba's compiled cache) live.
-
-    ``$DYNAMIQ_KERNEL_CACHE`` if set, else ``~/.cache/dynamiq/kernels``, else a per-user
-    temporary folder when the home folder is not writable.
-    """
-    env = os.environ.get("DYNAMIQ_KERNEL_CACHE")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path.home() / ".cache" / "dynamiq" / "kernels")
-    candidates.append(Path(tempfile.gettempdir()) / f"dynamiq-kernels-{os.getuid()}")
-    for c in candidates:
-        try:
-            c.mkdir(parents=True, exist_ok=True)
-            if os.access(c, os.W_OK):
-                return c
-        except OSError:
-            continue
-    raise RuntimeError(f"no writable folder for generated kernels among {candidates}")
-
-
-def _source(spec: KernelSpec) -> str:
-    header = "# --- spec ---\n" + "".join(
-        f"{name.upper()} = {value!r}\n" for name, value in spec._asdict().items()
-    ) + "# --- end spec ---\n"
-    text = _TEMPLATE.read_text()
-    if not _HEADER.search(text):
-        raise RuntimeError(f"{_TEMPLATE} lost its spec markers")
-    return _HEADER.sub(lambda _: header, text, count=1)
-
-
-def _self_module() -> ModuleType:
-    return sys.modules[__name__]
-
-
-def _rng_module() -> ModuleType:
-    from dynamiq.kernels.numba import rng
-
-    return rng
-
-
-def kernels(spec: KernelSpec) -> ModuleType:
-    """The block kernels specialised on ``spec``: ``encode``, ``decode``, ``recompress``.
-
-    The template :mod:`dynamiq.kernels.numba._blocks` is instantiated with ``spec``'s values as
-    module constants (Numba compiles module globals as constants, so loops over groups unroll
-    and the packing scheme and rounding modes are resolved at compile time), written once to
-    :func:`kernel_cache_dir`, and imported; Numba's on-disk cache then makes later processes
-    skip compilation. A new format needs no kernel code: its tables are runtime arguments.
-    """
-    mod = _loaded.get(spec)
-    if mod is not None:
-        return mod
-    src = _source(spec)
-    # the generated module inlines functions of these modules: Numba's cache only watches the
-    # generated file, so their source is part of its name
-    deps = "".join(Path(m.__file__).read_text() for m in (_self_module(), _rng_module()))
-    digest = hashlib.sha1((src + deps).encode()).hexdigest()[:10]
-    name = f"dq_{spec.tag()}_{digest}"
-    path = kernel_cache_dir() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        # write-then-rename, so concurrent processes never import a half-written file and the
-        # file's timestamp (part of Numba's cache key) stays stable once written
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    modname = f"dynamiq._generated.{name}"
-    loader_spec = importlib.util.spec_from_file_location(modname, path)
-    assert loader_spec is not None and loader_spec.loader is not None
-    mod = importlib.util.module_from_spec(loader_spec)
-    sys.modules[modname] = mod
-    loader_spec.loader.exec_module(mod)
-    _loaded[spec] = mod
-    return mod

@@ -2,22 +2,18 @@
 
 What is checked:
 
-* spec strings: round trip, canonical form (widths sorted, ε reordered with them, defaults
-  left out) and the parameter errors;
 * budgets: the reported ``b̄`` (metadata included) never exceeds ``bits`` and misses it by
   less than one upgrade's cost per coordinate; every rank ends with the same bits;
 * accuracy: vNMSE falls with the budget, the butterfly beats the ring (n = 8), centering pays
   off on offset data;
 * tails, zeros, NaN/Inf: a partial last super-group is coded as if the vector were
   zero-padded, zeros stay exact, a non-finite input is confined to its super-group;
-* wire accounting: a chunk's message is the sum of its width segments, and every rank's
-  ``bytes_sent`` is the sum of its sends' ``wire_bytes``;
 * the four hop operations on a hand-made :class:`WidthPlan`: error bound per group and the
   bitwise identities of accumulate / recompress / write-back;
 * reproducibility: same call → same bits, another call → other random numbers.
 
-Library bugs found while writing these tests are pinned by ``xfail(strict=True)`` tests, each
-with a minimal reproduction in its docstring.
+Library bugs found while writing these tests keep a regression test each, with a minimal
+reproduction ("Repro:") in its docstring.
 
 "Equal" means bit for bit (float32 compared through ``view(int32)``).
 """
@@ -25,148 +21,18 @@ with a minimal reproduction in its docstring.
 from __future__ import annotations
 
 import itertools
-import math
 
-import numba
 import numpy as np
 import pytest
 import torch
+from _dynamiq_data import SG, by_super_group, gradients, same, segment_bytes
 
 from dynamiq import simulate
 from dynamiq.center import Center
 from dynamiq.codecs import HopContext
-from dynamiq.codecs.varwidth import DynamiQ, WidthPlan
-from dynamiq.collectives.engine import chunk_bounds
-from dynamiq.collectives.metadata import SUPER_GROUP
+from dynamiq.codecs.dynamiq import DynamiQ, WidthPlan
 from dynamiq.collectives.simulator import SimulationResult
-from dynamiq.pipeline import Pipeline, get_pipeline
-
-SG = SUPER_GROUP
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Kernels and torch's index ops on one thread: on a loaded 2-core machine their parallel
-    regions wait for descheduled workers far longer than the work takes (no bit changes)."""
-    nb, th = numba.get_num_threads(), torch.get_num_threads()
-    numba.set_num_threads(1)
-    torch.set_num_threads(1)
-    yield
-    numba.set_num_threads(nb)
-    torch.set_num_threads(th)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
-
-
-def _gradients(n: int, d: int, seed: int = 0, sigma: float = 1.0, rho: float = 0.5
-               ) -> torch.Tensor:
-    """Gradient-like float32 [n, d]: per-super-group log-normal scales (log-sd ``sigma``),
-    entries partially correlated across ranks (correlation ``rho²``)."""
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.exp(sigma * torch.randn(-(-d // SG), generator=g, dtype=torch.float64))
-    scale = scale.repeat_interleave(SG)[:d]
-    common = torch.randn(d, generator=g, dtype=torch.float64)
-    own = torch.randn(n, d, generator=g, dtype=torch.float64)
-    return (scale * (rho * common + math.sqrt(1 - rho * rho) * own)).float()
-
-
-def _by_super_group(n: int, d: int, scales: dict[int, float], seed: int = 0) -> torch.Tensor:
-    """Gaussian float32 [n, d] with super-group ``j`` scaled by ``scales.get(j, 1)``."""
-    g = torch.Generator().manual_seed(seed)
-    s = torch.ones(-(-d // SG))
-    for j, v in scales.items():
-        s[j] = v
-    return torch.randn(n, d, generator=g) * s.repeat_interleave(SG)[:d]
-
-
-# ---- spec strings --------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", [
-    "dynamiq@ring",
-    "center+dynamiq@butterfly",
-    "dynamiq(widths=4)@ring",
-    "dynamiq(widths=2/4/8/16,bits=6)@ring",
-    "dynamiq(widths=2/4/8,eps=0.25/0.19/0.09)@ring",
-    "dynamiq(levels=uniform,scales=flat,rounding=stochastic,allocator=paper,bits=9)@ring",
-    "dynamiq(bits=4.25,widths=2/3/5,seed=3)@ring",
-    "center+dynamiq(bits=5.5)@butterfly",
-])
-def test_spec_round_trip(spec):
-    p = Pipeline.parse(spec)
-    assert Pipeline.parse(str(p)) == p
-    assert str(Pipeline.parse(str(p))) == str(p)
-    assert hash(Pipeline.parse(str(p))) == hash(p)
-
-
-def test_canonical_form_sorts_widths_and_their_eps():
-    default = DynamiQ().widths
-    shuffled = "/".join(reversed(default.split("/")))
-    assert str(Pipeline.parse(f"dynamiq(widths={shuffled})@ring")) == "dynamiq@ring"
-    assert str(Pipeline.parse("dynamiq(widths=8/2/4)@ring")) == "dynamiq(widths=2/4/8)@ring"
-    assert str(Pipeline.parse("center+dynamiq(widths=16/4/2/8,bits=6)@butterfly")) == (
-        "center+dynamiq(bits=6.0,widths=2/4/8/16)@butterfly")
-    p = Pipeline.parse("dynamiq(widths=8/2,eps=0.1/0.25)@ring")
-    assert str(p) == "dynamiq(widths=2/8,eps=0.25/0.1)@ring"
-    assert p == Pipeline.parse("dynamiq(widths=2/8,eps=0.25/0.1)@ring")
-    assert DynamiQ(widths=(8, 2, 4)) == DynamiQ(widths="2/4/8")  # a sequence works too
-    assert DynamiQ(widths="16/2").width_list == (2, 16)
-
-
-@pytest.mark.parametrize(("spec", "match"), [
-    ("dynamiq(widths=1)@ring", "widths must be among"),
-    ("dynamiq(widths=9)@ring", "widths must be among"),
-    ("dynamiq(widths=2/4/4)@ring", "widths repeat"),
-    ("dynamiq(widths=2/4,eps=0.1)@ring", "one value per width"),
-    ("dynamiq(widths=2/4/8,eps=0.1/0.2/-1)@ring", "finite and >= 0"),
-    ("dynamiq(bits=2)@ring", "below what the cheapest width costs"),
-    ("dynamiq(widths=8,bits=8.2)@ring", "below what the cheapest width costs"),
-    ("dynamiq(bits=0)@ring", "positive"),
-    ("dynamiq(bits=nan)@ring", "positive"),
-    ("dynamiq(levels=log)@ring", "levels must be one of"),
-    ("dynamiq(scales=x)@ring", "scales must be one of"),
-    ("dynamiq(rounding=nearest)@ring", "rounding must be one of"),
-    ("dynamiq(allocator=x)@ring", "allocator must be one of"),
-    ("dynamiq(seed=-1)@ring", "seed"),
-    ("dynamiq(widths=a/b)@ring", "cannot read"),
-])
-def test_bad_parameters_raise_value_error(spec, match):
-    with pytest.raises(ValueError, match=match):
-        Pipeline.parse(spec)
-
-
-def test_bits_floor_is_the_cheapest_width_plus_metadata():
-    # width 2 with hierarchical scales in groups of 64 (the default offers 32 and 64): 2 + 8/64
-    # + 16/256 = 2.1875 bits, plus the metadata phase's two 8-bit statistics per super-group
-    # (16/256 = 0.0625) and their shift bytes (16 bits per vector, counted over 1024 groups)
-    floor = 2.1875 + 0.0625 + 16 / (1024 * 256)
-    DynamiQ(bits=floor + 1e-9)
-    with pytest.raises(ValueError):
-        DynamiQ(bits=floor - 1e-6)
-    # groups of 32 only: 2 + 8/32 + 16/256
-    DynamiQ(bits=2.3125 + 0.0625 + 16 / (1024 * 256) + 1e-9, group_size=32)
-    with pytest.raises(ValueError):
-        DynamiQ(bits=2.375, group_size=32)
-    # the paper's BF16 metadata: + 32/256 (and its shift bytes); a power-of-two super-group
-    # scale: − 8/256
-    DynamiQ(bits=2.4375 + 16 / (1024 * 256) + 1e-9, metadata="bf16", group_size=32)
-    with pytest.raises(ValueError):
-        DynamiQ(bits=2.4374, metadata="bf16", group_size=32)
-    DynamiQ(bits=2.40625 + 16 / (1024 * 256) + 1e-9, metadata="bf16", super_scale="e8m0",
-            group_size=32)
-    with pytest.raises(ValueError):
-        DynamiQ(bits=2.4062, metadata="bf16", super_scale="e8m0", group_size=32)
-    DynamiQ(widths="4", bits=4.3125, group_size=32)  # one option: no allocation, no metadata
-    with pytest.raises(ValueError):
-        DynamiQ(widths="4", bits=4.31, group_size=32)
-    DynamiQ(widths="4", bits=4.5625, group_size=16)  # groups of 16: 8/16 for the scales
-    with pytest.raises(ValueError):
-        DynamiQ(widths="4", bits=4.56, group_size=16)
-
+from dynamiq.pipeline import get_pipeline
 
 # ---- budgets, accuracy ---------------------------------------------------------------------
 D = 1 << 16
@@ -179,7 +45,7 @@ def test_reported_bits_fill_the_budget(budget, topology):
     chunk's message 2(n − 1) times), and the allocator leaves less than one upgrade
     (at most 2192 − 656 bits: 2 → 8) of ``bits·d − metadata`` unused."""
     n = 4
-    x = _gradients(n, D, seed=budget)
+    x = gradients(n, D, seed=budget)
     p = get_pipeline(f"center+dynamiq(bits={budget})@{topology}")
     res = simulate(p, x, track_hops=False)
     codec = p.codec
@@ -191,13 +57,13 @@ def test_reported_bits_fill_the_budget(budget, topology):
     # two fp8 statistics per super-group and a shift byte each per rank
     assert res.metadata_bits == 2 * (8 * (D // SG) + 8)
     for r in range(1, n):
-        assert _same(res.results[r], res.results[0]), r
+        assert same(res.results[r], res.results[0]), r
 
 
 def test_vnmse_decreases_with_the_budget():
     """Each extra bit per coordinate must cut the error clearly (measured: by 1.7× or more on
     these data; required: by 20 %)."""
-    x = _gradients(4, D, seed=1)
+    x = gradients(4, D, seed=1)
     vn = [simulate(f"center+dynamiq(bits={b})@ring", x, track_hops=False).vnmse
           for b in range(3, 9)]
     assert all(b < 0.8 * a for a, b in itertools.pairwise(vn)), vn
@@ -206,7 +72,7 @@ def test_vnmse_decreases_with_the_budget():
 def test_butterfly_beats_ring_with_eight_ranks():
     """Butterfly paths have depth log2 n instead of n − 1 (the topologies of
     docs/concepts.rst); measured 0.59× the ring's vNMSE here, required < 0.8×."""
-    x = _gradients(8, D, seed=2, sigma=2.0)
+    x = gradients(8, D, seed=2, sigma=2.0)
     ring = simulate("center+dynamiq@ring", x, track_hops=False).vnmse
     fly = simulate("center+dynamiq@butterfly", x, track_hops=False).vnmse
     assert fly < 0.8 * ring, (fly, ring)
@@ -219,16 +85,16 @@ def _padded_agrees(spec: str, x: torch.Tensor) -> tuple[bool, SimulationResult]:
     xp[:, :d] = x
     res = simulate(spec, x)
     ref = simulate(spec, xp)
-    return _same(res.results, ref.results[:, :d]), res
+    return same(res.results, ref.results[:, :d]), res
 
 
 @pytest.mark.parametrize(("spec", "d", "scales", "widths"), [
     ("dynamiq(widths=4,group_size=32)@ring", 1000, {}, None),
     ("dynamiq(widths=4,group_size=32)@butterfly", 100, {}, None),
     # d < 256: one partial super-group
-    ("dynamiq(widths=2/4/8/16,bits=8,group_size=32)@ring", 100, {}, [1]),
+    ("dynamiq(widths=(2,4,8,16),bits=8,group_size=32)@ring", 100, {}, [1]),
     # mixed widths in the last chunk (super-groups 6 and 7), the partial one the widest
-    ("dynamiq(bits=4.5,widths=2/8,group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
+    ("dynamiq(bits=4.5,widths=(2,8),group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
      [0, 0, 0, 0, 0, 1, 0, 1]),
 ])
 def test_partial_last_super_group_codes_like_the_zero_padded_vector(spec, d, scales, widths):
@@ -236,12 +102,12 @@ def test_partial_last_super_group_codes_like_the_zero_padded_vector(spec, d, sca
     mean depends on the count) the result equals that of the explicitly zero-padded input on
     the first d coordinates, as long as the allocation is the same. The budgets here leave
     the same widths for both lengths."""
-    x = _by_super_group(4, d, scales, seed=d)
-    same, res = _padded_agrees(spec, x)
+    x = by_super_group(4, d, scales, seed=d)
+    agree, res = _padded_agrees(spec, x)
     if widths is not None:
         codec = get_pipeline(spec).codec
         assert codec.prepare(res.stats, d, 4, {}).choice.tolist() == widths
-    assert same
+    assert agree
     assert torch.isfinite(res.results).all()
 
 
@@ -250,14 +116,14 @@ def test_partial_last_super_group_narrower_than_its_chunk_loses_no_coordinates()
     partial super-group 7 small (2 bits), both in the last chunk. Coordinates 1636..1791 (the
     last 156 of super-group 6) come back as exactly 0."""
     d = 7 * SG + 100
-    x = _by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
-    res = simulate("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", x)
-    plan = DynamiQ(bits=4.75, widths="2/8", group_size=16).prepare(res.stats, d, 4, {})
+    x = by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
+    res = simulate("dynamiq(bits=4.75,widths=(2,8),group_size=16)@ring", x)
+    plan = DynamiQ(bits=4.75, widths=(2, 8), group_size=16).prepare(res.stats, d, 4, {})
     assert plan.choice.tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
     lost = res.results[0, 6 * SG + 100: 7 * SG]
     assert not (lost == 0).all()
-    same, _ = _padded_agrees("dynamiq(bits=4.75,widths=2/8,group_size=16)@ring", x)
-    assert same
+    agree, _ = _padded_agrees("dynamiq(bits=4.75,widths=(2,8),group_size=16)@ring", x)
+    assert agree
 
 
 @pytest.mark.parametrize("topology", ["ring", "butterfly"])
@@ -265,14 +131,14 @@ def test_partial_last_super_group_all_ranks_agree(topology):
     """Repro: as above (d = 7·256 + 100, super-groups 5, 6 large, partial 7 small): the owner
     of the last chunk differs from the other ranks on coordinates 1636..1791."""
     d = 7 * SG + 100
-    x = _by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
-    res = simulate(f"dynamiq(bits=4.75,widths=2/8,group_size=16)@{topology}", x)
+    x = by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
+    res = simulate(f"dynamiq(bits=4.75,widths=(2,8),group_size=16)@{topology}", x)
     for r in range(1, 4):
-        assert _same(res.results[r], res.results[0]), r
+        assert same(res.results[r], res.results[0]), r
 
 
 @pytest.mark.parametrize("spec", ["center+dynamiq@ring", "dynamiq@butterfly",
-                                  "center+dynamiq(widths=2/4/8/16)@butterfly"])
+                                  "center+dynamiq(widths=(2,4,8,16))@butterfly"])
 def test_zeros_stay_exact_zeros(spec):
     """All-zero inputs decode to exact zeros (dithering included: a zero group has scale 0);
     zero energies leave every super-group at the cheapest option (2 bits in groups of 64: 560
@@ -286,7 +152,7 @@ def test_zeros_stay_exact_zeros(spec):
 
 
 @pytest.mark.parametrize("topology", ["ring", "butterfly"])
-@pytest.mark.parametrize("codec", ["center+dynamiq", "dynamiq", "dynamiq(widths=8/16,bits=12)"])
+@pytest.mark.parametrize("codec", ["center+dynamiq", "dynamiq", "dynamiq(widths=(8,16),bits=12)"])
 @pytest.mark.parametrize("where", ["super-group", "one"])
 def test_nan_is_confined_to_its_super_group(codec, topology, where):
     """A non-finite super-group statistic gives zero energy (cheapest width, a block-coded
@@ -294,7 +160,7 @@ def test_nan_is_confined_to_its_super_group(codec, topology, where):
     only; a quantizer flags a block holding NaN. So exactly that super-group's coordinates are
     NaN on every rank, everything else stays finite."""
     n, d = 4, 16 * SG
-    x = _gradients(n, d, seed=3)
+    x = gradients(n, d, seed=3)
     j = 5
     if where == "super-group":
         x[2, j * SG:(j + 1) * SG] = float("nan")
@@ -310,7 +176,7 @@ def test_nan_is_confined_to_its_super_group(codec, topology, where):
 
 def test_inf_is_confined_to_its_super_group():
     n, d = 4, 16 * SG
-    x = _gradients(n, d, seed=4)
+    x = gradients(n, d, seed=4)
     x[3, 9 * SG + 5] = float("inf")
     for spec in ("center+dynamiq@ring", "dynamiq@butterfly"):
         res = simulate(spec, x)
@@ -323,7 +189,7 @@ def test_inf_after_a_finite_call_with_the_kept_state():
     """Repro: ``state = {}``; ``simulate('dynamiq(bits=2.7)@ring', 1000·randn(4, 8192),
     state=state)`` leaves log2_lambda ≈ 23; the next call with one Inf entry raises
     OverflowError (a P2P run keeps the state between calls the same way)."""
-    x = 1000 * _by_super_group(4, 8192, {}, seed=5)
+    x = 1000 * by_super_group(4, 8192, {}, seed=5)
     state: dict = {}
     simulate("dynamiq(bits=2.7)@ring", x, state=state)
     x[1, 1000] = float("inf")
@@ -332,82 +198,13 @@ def test_inf_after_a_finite_call_with_the_kept_state():
         range(3 * SG, 4 * SG))
 
 
-# ---- wire accounting -------------------------------------------------------------------------
-def _segment_bytes(codec: DynamiQ, choice: np.ndarray, n: int) -> int:
-    """Independent size of a chunk's message: a quantized super-group costs, per group of
-    ``g`` coordinates it touches, ``g * w / 8`` code bytes and a UINT8 scale, plus its BF16
-    super-group scale (a partial super-group only pays for its groups); a BF16 super-group
-    costs 2 bytes per real coordinate."""
-    total = 0
-    for j, w in enumerate(choice):
-        coords = min(SG, n - j * SG)
-        q = codec.quantizers[w]
-        if q is None:
-            total += 2 * coords
-            continue
-        g = q.group_size
-        total += -(-coords // g) * (g * q.element.bits // 8 + 1) + 2
-    return total
-
-
-@pytest.mark.parametrize(("n", "choice"), [
-    (8 * SG, [0, 1, 2, 3, 0, 1, 2, 3]),
-    (8 * SG, [3, 3, 0, 0, 2, 1, 1, 2]),
-    (4 * SG + 77, [0, 1, 2, 1, 3]),  # the partial super-group is the widest
-    (SG, [2]),
-    (40, [0]),
-])
-def test_message_size_is_the_sum_of_its_segments(n, choice):
-    codec = DynamiQ(widths="2/4/8/16", group_size=32)
-    choice = np.array(choice, dtype=np.int64)
-    offset = 3 * SG  # the chunk's place in a longer vector: the plan covers it
-    full = np.concatenate([np.zeros(3, dtype=np.int64), choice])
-    plan = WidthPlan(full, codec.width_list, 0.0, 0.0)
-    ctx = HopContext(stream=(0, 1), rank=0, world_size=2, index_offset=offset,
-                     prepared={codec: plan})
-    want = _segment_bytes(codec, choice, n)
-    assert codec.wire_bytes(n, ctx) == want
-    x = torch.randn(n)
-    assert codec.compress(x, ctx).numel() == want
-    assert codec.max_wire_bytes(n) >= want
-
-
-def test_wire_bytes_needs_the_plan():
-    codec = DynamiQ()
-    with pytest.raises(ValueError, match="width plan"):
-        codec.wire_bytes(SG, HopContext())
-    # one width in one group size: no plan needed
-    one = DynamiQ(widths="4", group_size=32)
-    assert one.wire_bytes(SG) == one.quantizers[0].nbytes(SG)
-
-
-@pytest.mark.parametrize(("topology", "n", "d"), [("ring", 4, 40 * SG), ("butterfly", 8, 9000),
-                                                  ("ring", 3, 5000)])
-def test_bytes_sent_is_the_sum_of_each_ranks_messages(topology, n, d):
-    """Rebuild the call's widths from the reported statistics and add up ``wire_bytes`` of
-    every chunk a rank sends (reduce and gather phases; empty chunks send nothing)."""
-    p = get_pipeline(f"center+dynamiq(widths=2/4/8/16,bits=6)@{topology}")
-    res = simulate(p, _gradients(n, d, seed=6))
-    codec = p.codec
-    plan = codec.prepare(res.stats, d, n, {})
-    sched = p.topology.schedule(n)
-    bounds = chunk_bounds(sched.chunk_weights, d, p.block_size)
-    sent = [0] * n
-    for t in sched.transfers:
-        a, b = bounds[t.chunk]
-        if b > a:
-            ctx = HopContext(index_offset=a, prepared={codec: plan})
-            sent[t.src] += codec.wire_bytes(b - a, ctx)
-    assert res.bytes_sent == sent
-    assert res.bits_per_coord == [8 * s / d for s in sent]
-
 
 # ---- the hop operations on a hand-made plan --------------------------------------------------
 _CHOICES = [np.arange(8) % 4, np.array([3, 3, 1, 0, 2, 2, 0, 1])]
 
 
 def _hop_setup(choice, n_coords, seed=0):
-    codec = DynamiQ(widths="2/4/8/16", group_size=32)  # one option per width
+    codec = DynamiQ(widths=(2, 4, 8, 16), group_size=32)  # one option per width
     plan = WidthPlan(np.asarray(choice, dtype=np.int64), codec.width_list, 0.0, 0.0)
     ctx = HopContext(seed=0, stream=(5, 2), rank=1, world_size=4, index_offset=0,
                      prepared={codec: plan})
@@ -455,19 +252,19 @@ def test_accumulate_and_recompress_identities(choice, n_coords):
     acc0 = torch.randn(n_coords, generator=torch.Generator().manual_seed(9))
     acc = acc0.clone()
     codec.decompress_accumulate(data, acc, ctx)
-    assert _same(acc, acc0 + dec)
+    assert same(acc, acc0 + dec)
     for writeback in ("none", "sum", "decoded"):
         acc = acc0.clone()
         out = codec.decompress_accumulate_recompress(data, acc, ctx, writeback=writeback)
         assert torch.equal(out, codec.compress(acc0 + dec, ctx)), writeback
         if writeback == "none":
-            assert _same(acc, acc0)
+            assert same(acc, acc0)
         elif writeback == "sum":
-            assert _same(acc, acc0 + dec)
+            assert same(acc, acc0 + dec)
         else:
             back = torch.empty(n_coords)
             codec.decompress(out, back, ctx)
-            assert _same(acc, back)
+            assert same(acc, back)
 
 
 def test_tail_chunk_narrow_partial_super_group_hop_operations():
@@ -482,14 +279,14 @@ def test_tail_chunk_narrow_partial_super_group_hop_operations():
     data = codec.compress(x, ctx)
     y = torch.empty(n)
     codec.decompress(data, y, ctx)
-    assert data.numel() == _segment_bytes(codec, choice, n)
+    assert data.numel() == segment_bytes(codec, choice, n)
     err = (y.double() - x.double()).abs()
     assert (err[4 * SG:5 * SG] <= 2.0**-8 * x[4 * SG:5 * SG].double().abs()).all()
     acc = torch.zeros(n)
     out = codec.decompress_accumulate_recompress(data, acc, ctx, writeback="decoded")
     back = torch.empty(n)
     codec.decompress(out, back, ctx)
-    assert _same(acc, back)
+    assert same(acc, back)
 
 
 def test_hop_operations_without_a_plan_raise():
@@ -500,15 +297,15 @@ def test_hop_operations_without_a_plan_raise():
 
 # ---- reproducibility -------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", ["center+dynamiq@ring",
-                                  "center+dynamiq(widths=2/4/8/16)@butterfly"])
+                                  "center+dynamiq(widths=(2,4,8,16))@butterfly"])
 def test_same_call_same_bits_other_call_other_bits(spec):
-    x = _gradients(4, 20 * SG, seed=7)
+    x = gradients(4, 20 * SG, seed=7)
     a = simulate(spec, x, call=3)
     b = simulate(spec, x.clone(), call=3)
     c = simulate(spec, x, call=4)
-    assert _same(a.results, b.results)
+    assert same(a.results, b.results)
     assert a.bytes_sent == b.bytes_sent == c.bytes_sent  # widths depend on the data only
-    assert not _same(a.results, c.results)
+    assert not same(a.results, c.results)
     assert a.bits == c.bits
 
 
@@ -520,46 +317,13 @@ def test_widths_do_not_depend_on_the_previous_call():
     d = 40 * SG
     p = get_pipeline("center+dynamiq@ring")
     state: dict = {}
-    simulate(p, _gradients(4, d, seed=100), state=state, track_hops=False)
-    b = 1e-3 * _gradients(4, d, seed=200)
+    simulate(p, gradients(4, d, seed=100), state=state, track_hops=False)
+    b = 1e-3 * gradients(4, d, seed=200)
     warm = simulate(p, b, call=1, state=state, track_hops=False)
     fresh = simulate(p, b, call=1, track_hops=False)
     assert warm.vnmse < 2 * fresh.vnmse, (warm.vnmse, fresh.vnmse)
-    assert _same(warm.results, fresh.results)
+    assert same(warm.results, fresh.results)
 
-
-def _whole_and_tiled(choice) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 4-super-group chunk decoded after coding it whole, and after coding it as two tiles of
-    512 coordinates (what the P2P executor does with ``tile_elems=512``)."""
-    codec = DynamiQ()
-    x = torch.randn(4 * SG, generator=torch.Generator().manual_seed(0))
-    plan = WidthPlan(np.array(choice, dtype=np.int64), codec.width_list, 0.0, 0.0)
-
-    def decoded(offset: int, n: int) -> torch.Tensor:
-        ctx = HopContext(stream=(7, 0), rank=0, world_size=4, index_offset=offset,
-                         prepared={codec: plan})
-        y = torch.empty(n)
-        codec.decompress(codec.compress(x[offset:offset + n].contiguous(), ctx), y, ctx)
-        return y
-
-    return decoded(0, 4 * SG), torch.cat([decoded(0, 2 * SG), decoded(2 * SG, 2 * SG)])
-
-
-@pytest.mark.parametrize("choice", [[0, 0, 2, 2], [1, 1, 1, 1]])
-def test_tiles_code_like_the_whole_chunk_when_width_sorted(choice):
-    """``block_size`` contract (codecs/base.py): chunk boundaries on multiples of it, "blocks
-    are coded independently, so a chunk can be coded alone with the same result" — the P2P
-    executor's tiles rely on it. Holds here because each tile's reorder keeps every
-    super-group at its untiled position (same random-number indices)."""
-    whole, tiled = _whole_and_tiled(choice)
-    assert _same(whole, tiled)
-
-
-def test_tiles_code_like_the_whole_chunk():
-    """Repro: widths [8, 2, 8, 2] over 4 super-groups; compress the whole chunk vs two tiles of
-    512 (index_offset 0 and 512): super-groups 0 and 3 decode differently."""
-    whole, tiled = _whole_and_tiled([2, 0, 2, 0])
-    assert _same(whole, tiled)
 
 
 # ---- centering -------------------------------------------------------------------------------

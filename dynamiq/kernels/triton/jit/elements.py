@@ -1,6 +1,6 @@
 """Triton device functions of block-scaled quantization: one per piece of maths.
 
-Each function here mirrors the function of the same name in :mod:`dynamiq.kernels.numba.codec`
+Each function here mirrors the function of the same name in :mod:`dynamiq.kernels.numba.elements`
 and computes the same float32 values with the same operations in the same order, on whole tiles
 (tensors) instead of one element at a time. Compile-time choices (rounding mode, scale kind, code
 width) are ``tl.constexpr`` arguments; format tables are runtime pointers, so a newly registered
@@ -44,7 +44,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dynamiq.kernels.triton.rng import hash_u32, stratum, uniform
+from dynamiq.kernels import abi
+from dynamiq.kernels.abi import Rounding
+from dynamiq.kernels.triton.jit.rng import hash_u32, stratum, uniform
 
 __all__ = [
     "CORRELATED",
@@ -70,14 +72,14 @@ __all__ = [
     "unpack_codes",
 ]
 
-# rounding modes and scale kinds: the values of dynamiq.kernels.numba.codec
-NEAREST = tl.constexpr(0)
-STOCHASTIC = tl.constexpr(1)
-UP = tl.constexpr(2)
-DOWN = tl.constexpr(3)
-CORRELATED = tl.constexpr(4)
-KIND_TABLE = tl.constexpr(0)
-KIND_FP32 = tl.constexpr(1)
+# rounding modes and scale kinds of the kernel ABI
+NEAREST = tl.constexpr(int(Rounding.NEAREST))
+STOCHASTIC = tl.constexpr(int(Rounding.STOCHASTIC))
+UP = tl.constexpr(int(Rounding.UP))
+DOWN = tl.constexpr(int(Rounding.DOWN))
+CORRELATED = tl.constexpr(int(Rounding.CORRELATED))
+KIND_TABLE = tl.constexpr(abi.KIND_TABLE)
+KIND_FP32 = tl.constexpr(abi.KIND_FP32)
 
 
 
@@ -170,7 +172,7 @@ def draw_uniform(MODE: tl.constexpr, k0, k1, p0, p1, rank, world, gidx):
     """The uniform that rounds element ``gidx``; equivalent to numba ``draw_uniform``.
 
     CORRELATED: ``(π(rank) + g) / world`` with ``π`` the per-element permutation of the ranks
-    drawn from the shared key ``(p0, p1)`` (:func:`~dynamiq.kernels.triton.rng.stratum`) and
+    drawn from the shared key ``(p0, p1)`` (:func:`~dynamiq.kernels.triton.jit.rng.stratum`) and
     ``g`` from the rank's key ``(k0, k1)``. ``k*``, ``p*``, ``rank`` and ``world`` are
     ``tl.uint32`` scalars, ``gidx`` an int64 tensor.
     """

@@ -1,0 +1,66 @@
+"""The error model of the ``measured`` allocator: each option's own relative squared error.
+
+Measuring runs the option's quantizer (its kernels) on 2^16 Gaussian values, so it happens on
+the first :meth:`~dynamiq.codecs.dynamiq.DynamiQ.prepare` that needs it, never when a codec is
+built, and once per quantizer per process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+from dynamiq.codecs.allocation import WidthOption
+from dynamiq.codecs.dynamiq.options import CodingOption
+from dynamiq.quantizers import BlockQuantizer
+
+__all__ = ["ALLOCATORS", "measured_error", "width_options"]
+
+#: Error models of the allocation: the codec's measured errors, or the paper's ``4^−w``.
+ALLOCATORS = ("measured", "paper")
+
+#: Values and seed of the measurement (fixed, so every rank and process gets the same table).
+_SAMPLES = 1 << 16
+_SEED = 0x5EED
+
+
+@lru_cache(maxsize=64)
+def measured_error(q: BlockQuantizer | None) -> float:
+    """Relative squared error of one encode–decode of ``q`` on Gaussian data.
+
+    Args:
+        q: The quantizer, or ``None`` for BF16 (round to nearest even).
+
+    Returns:
+        ``Σ (x̂ − x)² / Σ x²`` in float64 over 2^16 standard normal float32 values (fixed seed;
+        random-number seed 1 for the quantizer).
+    """
+    g = torch.Generator().manual_seed(_SEED)
+    x = torch.randn(_SAMPLES, generator=g)
+    if q is None:
+        y = x.to(torch.bfloat16).float()
+    else:
+        y = q.decode(q.encode(x, seed=1), seed=1)
+    return float(((y.double() - x.double()) ** 2).sum() / (x.double() ** 2).sum())
+
+
+def width_options(options: Sequence[CodingOption], allocator: str) -> list[WidthOption]:
+    """The allocator's view of ``options``: width, model error ``v(w)`` and cost ``c(w)``.
+
+    Args:
+        options: The codec's options, by increasing cost.
+        allocator: ``"measured"`` (:func:`measured_error` of each option's quantizer) or
+            ``"paper"`` (``4^−w``).
+
+    Returns:
+        One :class:`~dynamiq.codecs.allocation.WidthOption` per option, same order; the cost is
+        the option's wire bits per whole super-group.
+    """
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
+    return [WidthOption(o.width,
+                        4.0 ** (-o.width) if allocator == "paper" else measured_error(o.quantizer),
+                        o.bits())
+            for o in options]

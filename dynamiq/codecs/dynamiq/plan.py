@@ -1,0 +1,181 @@
+"""The per-call decision of the DynamiQ codec and the per-chunk message layout it implies.
+
+A :class:`WidthPlan` gives every super-group of the vector an option. A chunk's message is one
+segment per option present in the chunk: the chunk's super-groups are reordered (stably) by
+option, so that equal options are contiguous (:func:`gather`), each run is coded as one segment,
+and decoding undoes the reorder (:func:`scatter`). :class:`ChunkLayout` records where each
+segment's coordinates and bytes lie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dynamiq.codecs.base import _triton_launchers
+from dynamiq.codecs.dynamiq.options import CodingOption
+from dynamiq.collectives.metadata import SUPER_GROUP
+
+__all__ = ["ChunkLayout", "WidthPlan", "chunk_layout", "gather", "scatter"]
+
+
+@dataclass
+class WidthPlan:
+    """The per-call width decision of a :class:`~dynamiq.codecs.dynamiq.DynamiQ` codec
+    (identical on every rank).
+
+    Attributes:
+        choice: int64 ``[super-groups]``, index into the codec's options
+            (:attr:`DynamiQ.option_keys`) per super-group.
+        widths: The width of every option, in option order (by wire cost; a width repeats
+            when it is offered with several group sizes).
+        budget_bits: Bits the allocation was given (budget minus metadata).
+        used_bits: Bits the chosen widths cost on the wire, for the whole vector.
+    """
+
+    choice: np.ndarray
+    widths: tuple[int, ...]
+    budget_bits: float
+    used_bits: float
+    _layouts: dict = field(default_factory=dict, repr=False)
+    position: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # each super-group's place in the whole vector's stable order by option: the random
+        # numbers of a coordinate are keyed by it, so any cut into chunks or tiles draws the same
+        order = np.argsort(self.choice, kind="stable")
+        self.position = np.empty_like(order)
+        self.position[order] = np.arange(order.size)
+
+    def histogram(self) -> dict[int, float]:
+        """Fraction of super-groups at each width (summed over its group sizes)."""
+        m = max(1, self.choice.size)
+        out: dict[int, float] = {}
+        for i, w in enumerate(self.widths):
+            out[w] = out.get(w, 0.0) + float((self.choice == i).sum()) / m
+        return out
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Where a chunk's segments lie, in its reordered coordinates and in its message.
+
+    Attributes:
+        order: int64 ``[sgs]``, the chunk's super-group indices sorted (stably) by option.
+        segments: ``(option, first reordered super-group, coordinates, first byte, end byte,
+            random-number index of the first coordinate)`` per segment, in message order: the
+            BF16 segment first, the others by option.
+        nbytes: Bytes of the whole message.
+        sgs: Super-groups in the chunk (the last may be partial).
+    """
+
+    order: torch.Tensor
+    segments: tuple[tuple[int, int, int, int, int, int], ...]
+    nbytes: int
+    sgs: int
+
+    def device_order(self, device: torch.device) -> torch.Tensor:
+        """:attr:`order` on ``device`` (copied once per device)."""
+        cache = self.__dict__.setdefault("_device_order", {})  # a frozen dataclass's own dict
+        order = cache.get(str(device))
+        if order is None:
+            order = cache[str(device)] = self.order.to(device)
+        return order
+
+
+def chunk_layout(choice: np.ndarray, position: np.ndarray, n: int,
+                 options: Sequence[CodingOption]) -> ChunkLayout:
+    """The layout of a chunk of ``n`` coordinates.
+
+    Args:
+        choice: int64 ``[sgs]``, the option of each of the chunk's super-groups.
+        position: int64 ``[sgs]``, each super-group's place in the whole vector's stable order
+            by option (:attr:`WidthPlan.position`).
+        n: Coordinates in the chunk (``sgs = ceil(n / SUPER_GROUP)``).
+        options: The codec's options (their wire sizes).
+
+    Returns:
+        The :class:`ChunkLayout`; its ``nbytes`` is the sum of the segments' wire sizes, a
+        partial last super-group paying only for what it touches.
+    """
+    sgs = -(-n // SUPER_GROUP)
+    order = np.argsort(choice, kind="stable")
+    counts = np.bincount(choice, minlength=len(options))
+    pad = sgs * SUPER_GROUP - n
+    tail_option = int(choice[-1]) if sgs else -1
+    parts, sg0 = [], 0
+    for i, k in enumerate(counts):
+        if not k:
+            continue
+        coords = int(k) * SUPER_GROUP
+        if i == tail_option:
+            # the partial last super-group is the last of its option (stable order)
+            coords -= pad
+        parts.append((i, sg0, coords, int(position[order[sg0]]) * SUPER_GROUP))
+        sg0 += int(k)
+    # BF16 values go first in the message, so they sit on an even byte offset whatever the
+    # (possibly odd) sizes of the quantized segments
+    parts.sort(key=lambda t: options[t[0]].quantizer is not None)
+    segs, b0 = [], 0
+    for i, sg, coords, first in parts:
+        nb = options[i].nbytes(coords)
+        segs.append((i, sg, coords, b0, b0 + nb, first))
+        b0 += nb
+    return ChunkLayout(torch.from_numpy(order), tuple(segs), b0, sgs)
+
+
+def gather(x: torch.Tensor, lay: ChunkLayout, backend: str) -> torch.Tensor:
+    """The chunk's values reordered by option.
+
+    Args:
+        x: float32 ``[n]``, the chunk.
+        lay: Its layout.
+        backend: The hop's resolved backend name.
+
+    Returns:
+        A new float32 ``[sgs * SUPER_GROUP]`` tensor on ``x``'s device, equivalent to
+        ``pad(x).view(sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)`` (zero padded).
+    """
+    if backend == "triton":
+        return _triton_launchers().gather_rows(x, lay.device_order(x.device), SUPER_GROUP)
+    full = lay.sgs * SUPER_GROUP
+    if x.numel() == full:
+        return x.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
+    pad = torch.zeros(full, dtype=torch.float32)
+    pad[: x.numel()] = x
+    return pad.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
+
+
+def scatter(src: torch.Tensor, out: torch.Tensor, lay: ChunkLayout, add: bool,
+            backend: str) -> None:
+    """Undo :func:`gather` into ``out``.
+
+    Args:
+        src: float32 ``[sgs * SUPER_GROUP]``, values in the reordered layout.
+        out: float32 ``[n]``, written (``add=False``) or added to (``add=True``, one float32
+            addition per coordinate); the padding past ``n`` is dropped.
+        lay: The chunk's layout.
+        backend: The hop's resolved backend name.
+    """
+    if backend == "triton":
+        _triton_launchers().scatter_rows(src, lay.device_order(out.device), out, add,
+                                         SUPER_GROUP)
+        return
+    rows = src.view(lay.sgs, SUPER_GROUP)
+    n = out.numel()
+    if n == lay.sgs * SUPER_GROUP:
+        dst = out.view(lay.sgs, SUPER_GROUP)
+        if add:
+            dst.index_add_(0, lay.order, rows)
+        else:
+            dst.index_copy_(0, lay.order, rows)
+        return
+    full = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32)
+    full.view(lay.sgs, SUPER_GROUP).index_copy_(0, lay.order, rows)
+    if add:
+        out.add_(full[:n])
+    else:
+        out.copy_(full[:n])

@@ -1,0 +1,303 @@
+"""The kernel ABI: what every backend agrees on, as named values instead of positional tuples.
+
+Components above the kernels (quantizers, transforms, codecs) describe a kernel call with the
+records below; a backend (:mod:`dynamiq.kernels.backend`) turns them into whatever its kernels
+take. One definition per fact: the rounding and write-back enums, the stream purposes of the
+random numbers, the tile size of tiled backends, the scale kinds, float32's largest value.
+
+Records:
+
+* :class:`KernelSpec` — the compile-time parameters of a block quantizer's kernels;
+* :class:`BlockCode` — a block quantizer as the kernels see it (spec, format tables, scale
+  divisor, dither amplitude) and its payload layout;
+* :class:`RandKeys` — the random-number keys and position of one encode/decode;
+* :class:`SharedScaleCode` — a shared-scale minifloat element format as the kernels see it;
+* :class:`Selection` — which blocks of a chunk travel (sparse wire values).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from dynamiq.kernels.tables import FormatTables
+
+__all__ = [
+    "FLT_MAX",
+    "KIND_FP32",
+    "KIND_TABLE",
+    "MAX_HADAMARD_BLOCK",
+    "MIN_HADAMARD_BLOCK",
+    "ROUNDING",
+    "SCALE_ROUNDING",
+    "STAT_OPS",
+    "TILE",
+    "TILE_INTERPRETED",
+    "WIRE_DTYPES",
+    "BlockCode",
+    "KernelSpec",
+    "Purpose",
+    "RandKeys",
+    "Rounding",
+    "Selection",
+    "SharedScaleCode",
+    "Writeback",
+    "rht_norm",
+]
+
+
+class Rounding(enum.IntEnum):
+    """Rounding modes as kernels number them (elements and scales)."""
+
+    NEAREST = 0  #: to nearest, ties to the even index
+    STOCHASTIC = 1  #: up with probability equal to the fractional position
+    UP = 2  #: towards +inf (never below the value)
+    DOWN = 3  #: towards 0
+    CORRELATED = 4  #: stochastic with uniforms stratified across ranks
+
+
+#: Element rounding names (``BlockQuantizer.rounding``) → kernel mode.
+ROUNDING = {"nearest": Rounding.NEAREST, "stochastic": Rounding.STOCHASTIC,
+            "correlated": Rounding.CORRELATED}
+#: Scale rounding names (``BlockQuantizer.scale_rounding``) → kernel mode; ``"ocp"`` rounds
+#: down onto a power-of-two grid (its divisor differs, see ``BlockQuantizer``).
+SCALE_ROUNDING = {"nearest": Rounding.NEAREST, "stochastic": Rounding.STOCHASTIC,
+                  "up": Rounding.UP, "down": Rounding.DOWN, "ocp": Rounding.DOWN}
+
+
+class Writeback(enum.IntEnum):
+    """What the accumulator holds after a fused decompress–accumulate–recompress."""
+
+    NONE = 0  #: unchanged (scratch)
+    SUM = 1  #: the float32 partial sum
+    DECODED = 2  #: the decoded value of the outgoing message (a sink's compress-once rule)
+
+    @classmethod
+    def parse(cls, value: str | Writeback) -> Writeback:
+        """The member named ``value`` (``"none"``, ``"sum"``, ``"decoded"``) or ``value``.
+
+        Raises:
+            ValueError: an unknown name.
+        """
+        if isinstance(value, Writeback):
+            return value
+        try:
+            return cls[str(value).upper()]
+        except KeyError:
+            names = tuple(m.name.lower() for m in cls)
+            raise ValueError(f"writeback must be one of {names}, got {value!r}") from None
+
+
+class Purpose(enum.IntEnum):
+    """Stream purposes of the counter-based random numbers, so that element, scale, permutation
+    and integer-sum draws never share numbers."""
+
+    ELEMENT = 0x454C454D
+    SCALE = 0x5343414C
+    PERMUTATION = 0x5045524D
+    INTSUM = 0x494E5453
+
+
+#: Scale kinds: a table format, or raw FP32 bits.
+KIND_TABLE = 0
+KIND_FP32 = 1
+
+#: The largest finite float32 value: decoded values saturate there.
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+
+#: Target coordinates per program of tiled (GPU) backends.
+TILE = 1024
+#: The same under an interpreter, where fewer, larger programs run faster.
+TILE_INTERPRETED = 4096
+
+#: Wire formats of uncompressed values → (torch dtype, bytes per value).
+WIRE_DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}
+
+#: Block reductions of the metadata phase that backends provide (in float64).
+STAT_OPS = ("sum", "sumsq", "absmax")
+
+#: Block sizes of the randomized Hadamard transform.
+MIN_HADAMARD_BLOCK = 2
+MAX_HADAMARD_BLOCK = 1 << 16
+
+
+def rht_norm(block: int) -> np.float32:
+    """The float32 scale ``1/sqrt(block)`` of the Hadamard kernels, correctly rounded.
+
+    Args:
+        block: Block size, a power of two in ``[2, 2**16]``.
+
+    Returns:
+        ``np.float32``: ``2**(-L/2)`` exactly when ``L = log2(block)`` is even, otherwise the
+        float32 nearest to ``sqrt(1/2)`` scaled by ``2**(-(L-1)/2)`` (an exact power-of-two
+        scaling, so still the float32 nearest to ``1/sqrt(block)``).
+
+    Raises:
+        ValueError: ``block`` is not a power of two in range.
+    """
+    if (isinstance(block, bool) or not isinstance(block, (int, np.integer))
+            or not MIN_HADAMARD_BLOCK <= block <= MAX_HADAMARD_BLOCK or block & (block - 1)):
+        raise ValueError(f"block must be a power of two in [{MIN_HADAMARD_BLOCK}, "
+                         f"{MAX_HADAMARD_BLOCK}], got {block!r}")
+    log2 = int(block).bit_length() - 1
+    if log2 % 2 == 0:
+        return np.float32(math.ldexp(1.0, -(log2 // 2)))
+    # scaling the rounded sqrt(1/2) by a power of two keeps it the correctly rounded value and
+    # avoids the double rounding a float64 1/sqrt(block) -> float32 conversion could suffer
+    return np.float32(math.ldexp(float(np.float32(math.sqrt(0.5))), -((log2 - 1) // 2)))
+
+
+class KernelSpec(NamedTuple):
+    """Compile-time parameters of the block kernels: one compiled variant each.
+
+    Everything else about a format (its magnitude, decode and lookup tables, the scale
+    divisor) is a runtime argument, so formats of the same width share a compiled kernel.
+    """
+
+    bits: int  # element code width, 1-16
+    mbits: int  # element magnitude bits
+    emode: int  # Rounding: NEAREST | STOCHASTIC | CORRELATED
+    group: int  # G (power of two)
+    block: int  # super-group size if hierarchical, else G (power of two)
+    hier: bool
+    skind: int  # group scale: KIND_TABLE | KIND_FP32
+    sbytes: int  # bytes per group scale code
+    smode: int  # Rounding: NEAREST | STOCHASTIC | UP | DOWN
+    ukind: int  # super scale kind
+    ubytes: int  # bytes per super scale code
+    dither: bool = False  # decoding subtracts the encoder's dither
+
+    def tag(self) -> str:
+        """Readable, unique name of the variant."""
+        return (
+            f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
+            f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
+            f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}"
+        )
+
+
+class RandKeys(NamedTuple):
+    """Random-number keys and position of one block encode or decode.
+
+    ``(k0, k1)`` keys the rank's element uniforms, ``(p0, p1)`` the permutation of correlated
+    rounding (shared by all ranks), ``(q0, q1)`` the stochastic scale rounding; ``offset`` is the
+    global index of the first coordinate.
+    """
+
+    k0: int
+    k1: int
+    p0: int
+    p1: int
+    q0: int
+    q1: int
+    rank: int
+    world: int
+    offset: int
+
+
+@dataclass(frozen=True, eq=False)
+class BlockCode:
+    """A block quantizer as every backend's kernels see it (identity-hashed, so backends may
+    cache device copies of its tables per object).
+
+    Attributes:
+        spec: The compile-time parameters.
+        elem, scale, sup: Tables of the element, group-scale and super-group-scale formats
+            (``sup``: inert placeholders when scales are flat).
+        divisor: float32 element maximum the group maximum is divided by to get the scale.
+        kappa: float32 dither amplitude (0 without dithering).
+    """
+
+    spec: KernelSpec
+    elem: FormatTables
+    scale: FormatTables
+    sup: FormatTables
+    divisor: np.float32
+    kappa: np.float32
+
+    def padded_length(self, n: int) -> int:
+        """``n`` rounded up to whole blocks."""
+        b = self.spec.block
+        return -(-n // b) * b
+
+    def layout(self, n: int) -> tuple[int, int, int]:
+        """Bytes of the code, group-scale and super-scale sections of the kernels' payload of
+        ``n`` coordinates (a partial last block padded to whole)."""
+        s = self.spec
+        npad = self.padded_length(n)
+        codes = npad * s.bits // 8
+        scales = (npad // s.group) * s.sbytes
+        supers = (npad // s.block) * s.ubytes if s.hier else 0
+        return codes, scales, supers
+
+    def nbytes(self, n: int) -> int:
+        """Size of the kernels' payload of ``n`` coordinates."""
+        return sum(self.layout(n))
+
+
+@dataclass(frozen=True, eq=False)
+class SharedScaleCode:
+    """A minifloat element format under a shared per-block scale, as the kernels see it.
+
+    A value ``v`` in a block of scale ``s`` codes as the nearest decoded level ``dec[c] * s``
+    (ties to the even magnitude code), saturating at the largest; non-finite values (or a
+    non-finite scale) give ``nan_code``.
+
+    Attributes:
+        tables: The element format's :class:`FormatTables` (search table and bucket lookup).
+        mbits: Magnitude bits; codes are ``mbits + 1`` bits (sign on top).
+        nan_code: The code of NaN.
+        dec: float32 value of every code (``dec[nan_code]`` is NaN).
+    """
+
+    tables: FormatTables
+    mbits: int
+    nan_code: int
+    dec: np.ndarray
+
+    @property
+    def bits(self) -> int:
+        """Bits per code."""
+        return self.mbits + 1
+
+
+@dataclass(eq=False)
+class Selection:
+    """The blocks of a chunk whose values travel (the others are dropped).
+
+    Attributes:
+        mask: bool ``[ceil(n / block)]`` on the CPU, the travelling blocks.
+        n: Coordinates in the chunk.
+        block: Coordinates per block.
+        derived: Per-backend forms of the selection (e.g. an index on a device), cached by the
+            backends under keys of their own.
+    """
+
+    mask: torch.Tensor
+    n: int
+    block: int
+    derived: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        nb = -(-self.n // self.block)
+        if self.mask.numel() != nb:
+            raise ValueError(f"selection has {self.mask.numel()} blocks, a chunk of {self.n} "
+                             f"needs {nb}")
+
+    def index(self) -> torch.Tensor:
+        """int64 chunk-local indices of the travelling coordinates (CPU, cached)."""
+        idx = self.derived.get("index")
+        if idx is None:
+            per = self.mask.to(torch.bool).repeat_interleave(self.block)[: self.n]
+            idx = self.derived["index"] = torch.nonzero(per).flatten()
+        return idx
+
+    @property
+    def count(self) -> int:
+        """Number of travelling coordinates."""
+        return int(self.index().numel())

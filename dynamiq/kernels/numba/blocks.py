@@ -1,0 +1,196 @@
+"""Host side of the Numba block kernels: generation per spec, argument tuples, tails, threads.
+
+Kernels are *specialised*: each :class:`~dynamiq.kernels.abi.KernelSpec` instantiates the
+template :mod:`dynamiq.kernels.numba._blocks` with the spec's values as module constants (Numba
+compiles module globals as literals, so loops over groups unroll and the packing scheme and
+rounding modes are resolved at compile time); the generated module is written once to
+:func:`kernel_cache_dir` and Numba's on-disk cache then lets later processes skip compilation.
+A new format needs no kernel code: its tables are runtime arguments.
+
+Runtime arguments travel as three tuples so that every kernel has a short, uniform signature:
+
+* ``tables = (etab, lut, edec, stab, sdec, utab, udec)`` — float32/int32 arrays;
+* ``consts = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap)``
+  — scale-format scalars, the element table size and its bucket lookup, the dither amplitude;
+* ``rand = (k0, k1, p0, p1, q0, q1, rank, world, offset)`` — :class:`~dynamiq.kernels.abi.RandKeys`.
+
+Whole blocks are read and written in place; the partial last block (if any) goes through a
+zero-padded scratch block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from types import ModuleType
+
+import numba
+import numpy as np
+import torch
+
+from dynamiq.kernels.abi import BlockCode, KernelSpec, RandKeys, Writeback
+
+__all__ = ["SERIAL_BELOW", "block_decode", "block_encode", "block_recompress",
+           "kernel_cache_dir", "kernels"]
+
+#: Below this many coordinates a kernel runs on the calling thread only: waking the thread pool
+#: costs more than the work (milliseconds when the other cores are busy, e.g. other ranks).
+SERIAL_BELOW = 1 << 17
+
+_TEMPLATE = Path(__file__).with_name("_blocks.py")
+_HEADER = re.compile(r"# --- spec ---\n.*?# --- end spec ---\n", re.S)
+_loaded: dict[KernelSpec, ModuleType] = {}
+_args: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kernel_cache_dir() -> Path:
+    """Where generated kernel modules (and Numba's compiled cache) live.
+
+    ``$DYNAMIQ_KERNEL_CACHE`` if set, else ``~/.cache/dynamiq/kernels``, else a per-user
+    temporary folder when the home folder is not writable.
+    """
+    env = os.environ.get("DYNAMIQ_KERNEL_CACHE")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path.home() / ".cache" / "dynamiq" / "kernels")
+    candidates.append(Path(tempfile.gettempdir()) / f"dynamiq-kernels-{os.getuid()}")
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    raise RuntimeError(f"no writable folder for generated kernels among {candidates}")
+
+
+def _source(spec: KernelSpec) -> str:
+    header = "# --- spec ---\n" + "".join(
+        f"{name.upper()} = {value!r}\n" for name, value in spec._asdict().items()
+    ) + "# --- end spec ---\n"
+    text = _TEMPLATE.read_text()
+    if not _HEADER.search(text):
+        raise RuntimeError(f"{_TEMPLATE} lost its spec markers")
+    return _HEADER.sub(lambda _: header, text, count=1)
+
+
+def kernels(spec: KernelSpec) -> ModuleType:
+    """The block kernels specialised on ``spec``: ``encode``, ``decode``, ``recompress``."""
+    mod = _loaded.get(spec)
+    if mod is not None:
+        return mod
+    src = _source(spec)
+    # the generated module inlines functions of these modules: Numba's cache only watches the
+    # generated file, so their source is part of its name
+    from dynamiq.kernels.numba import elements, rng
+
+    deps = "".join(Path(m.__file__).read_text() for m in (elements, rng))
+    digest = hashlib.sha1((src + deps).encode()).hexdigest()[:10]
+    name = f"dq_{spec.tag()}_{digest}"
+    path = kernel_cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != src:
+        # write-then-rename, so concurrent processes never import a half-written file and the
+        # file's timestamp (part of Numba's cache key) stays stable once written
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src)
+        os.replace(tmp, path)
+    modname = f"dynamiq._generated.{name}"
+    loader_spec = importlib.util.spec_from_file_location(modname, path)
+    assert loader_spec is not None and loader_spec.loader is not None
+    mod = importlib.util.module_from_spec(loader_spec)
+    sys.modules[modname] = mod
+    loader_spec.loader.exec_module(mod)
+    _loaded[spec] = mod
+    return mod
+
+
+def kernel_args(code: BlockCode) -> tuple[tuple, tuple]:
+    """The ``tables`` and ``consts`` tuples of ``code`` (cached per code object)."""
+    hit = _args.get(code)
+    if hit is None:
+        e, s, u = code.elem, code.scale, code.sup
+        tables = (e.search, e.lut, e.dec, s.search, s.dec, u.search, u.dec)
+        consts = (s.nfin, s.logp, s.nan, code.divisor, u.nfin, u.logp, u.nan,
+                  e.nfin, e.lshift, e.lkey0, len(e.lut), np.float32(code.kappa))
+        hit = _args[code] = (tables, consts)
+    return hit
+
+
+@contextlib.contextmanager
+def threads_for(n: int):
+    """Run the enclosed kernels on the calling thread only when ``n`` is small."""
+    if n >= SERIAL_BELOW:
+        yield
+        return
+    prev = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
+
+
+def _sections(code: BlockCode, buf: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    a, b, c = code.layout(n)
+    return buf[:a], buf[a:a + b], buf[a + b:a + b + c]
+
+
+def _split(code: BlockCode, n: int) -> tuple[int, int, np.ndarray]:
+    """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
+    b = code.spec.block
+    return n // b, -(-n // b), np.zeros(b, np.float32)
+
+
+def block_encode(code: BlockCode, x: torch.Tensor, rand: RandKeys, out: torch.Tensor) -> None:
+    """See :meth:`dynamiq.kernels.backend.Backend.block_encode`."""
+    n = x.numel()
+    xs = x.numpy()
+    nfull, nblocks, tail = _split(code, n)
+    if nblocks > nfull:
+        tail[: n - nfull * code.spec.block] = xs[nfull * code.spec.block:]
+    tables, consts = kernel_args(code)
+    with threads_for(n):
+        kernels(code.spec).encode(xs, tail, nfull, nblocks, *_sections(code, out.numpy(), n),
+                                  tables, consts, tuple(rand))
+
+
+def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: RandKeys,
+                 accumulate: bool) -> None:
+    """See :meth:`dynamiq.kernels.backend.Backend.block_decode`."""
+    n = out.numel()
+    os_ = out.numpy()
+    nfull, nblocks, tail = _split(code, n)
+    cut = nfull * code.spec.block
+    if accumulate and nblocks > nfull:
+        tail[: n - cut] = os_[cut:]
+    tables, consts = kernel_args(code)
+    with threads_for(n):
+        kernels(code.spec).decode(os_, tail, nfull, nblocks, *_sections(code, data.numpy(), n),
+                                  tables, consts, tuple(rand), bool(accumulate))
+    if nblocks > nfull:
+        os_[cut:] = tail[: n - cut]
+
+
+def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, rand: RandKeys,
+                     irand: RandKeys, writeback: Writeback, out: torch.Tensor) -> None:
+    """See :meth:`dynamiq.kernels.backend.Backend.block_recompress`."""
+    n = acc.numel()
+    a = acc.numpy()
+    nfull, nblocks, tail = _split(code, n)
+    cut = nfull * code.spec.block
+    if nblocks > nfull:
+        tail[: n - cut] = a[cut:]
+    tables, consts = kernel_args(code)
+    with threads_for(n):
+        kernels(code.spec).recompress(
+            a, tail, nfull, nblocks, n, *_sections(code, data.numpy(), n),
+            *_sections(code, out.numpy(), n), tables, consts, tuple(rand), tuple(irand),
+            int(writeback))
+    if nblocks > nfull and writeback != Writeback.NONE:
+        a[cut:] = tail[: n - cut]

@@ -1,0 +1,103 @@
+"""Launchers of the Triton integer-sum kernels (:mod:`dynamiq.kernels.triton.jit.intsum`);
+each is equivalent, bit for bit, to :mod:`dynamiq.kernels.numba.intsum`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from dynamiq.kernels.abi import Writeback
+from dynamiq.kernels.triton.common import (
+    check_device,
+    check_tensor,
+    code_chunk,
+    distinct,
+    launch,
+    tile_for,
+)
+from dynamiq.kernels.triton.jit import intsum as kern
+
+__all__ = ["intsum_decode", "intsum_encode", "intsum_recompress"]
+
+
+def _stream(data: torch.Tensor, n: int, bits: int, device: torch.device, name: str
+            ) -> torch.Tensor:
+    return check_tensor(data, name, torch.uint8, -(-n * bits // 8), device)
+
+
+def _out_stream(out: torch.Tensor | None, n: int, bits: int, device: torch.device
+                ) -> torch.Tensor:
+    nbytes = -(-n * bits // 8)
+    if out is None:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return check_tensor(out, "out", torch.uint8, nbytes, device)
+
+
+def _grid(n: int, tile: int) -> tuple[int]:
+    return (max(1, -(-n // tile)),)
+
+
+# ---- integer sums -------------------------------------------------------------------------------
+def _int_args(step: float, bits: int, key: Sequence[int], offset: int, device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    if not 2 <= bits <= 24:
+        raise ValueError(f"bits must be in [2, 24], got {bits}")
+    fconst = torch.from_numpy(np.asarray([step], dtype=np.float32)).to(device)
+    rand = torch.tensor([int(key[0]), int(key[1]), int(offset)], dtype=torch.int64).to(device)
+    return fconst, rand
+
+
+def intsum_encode(x: torch.Tensor, step: float, bits: int, key: Sequence[int], offset: int,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed ``bits``-bit offset-binary codes of ``SR(x / step)``; numba ``intsum_encode``.
+
+    Args:
+        x: float32 ``[n]``. step: Grid step (a float32 value). bits: Code width (2–24).
+        key: ``(k0, k1)`` of the rounding uniforms. offset: Global index of ``x[0]``.
+        out: Optional uint8 ``[ceil(n * bits / 8)]``.
+    """
+    check_tensor(x, "x", torch.float32, None)
+    check_device(x.device)
+    n = x.numel()
+    fconst, rand = _int_args(step, bits, key, offset, x.device)
+    out = _out_stream(out, n, bits, x.device)
+    tile = tile_for(n)
+    launch(kern.intsum_encode_kernel, _grid(n, tile), x.device, x, n, out.numel(), out, fconst,
+            rand, BITS=bits, TILE=tile, **code_chunk(bits))
+    return out
+
+
+def intsum_decode(data: torch.Tensor, step: float, bits: int, out: torch.Tensor,
+                  accumulate: bool = False) -> torch.Tensor:
+    """``out (=|+=) float32(w) * step``; numba ``intsum_decode``."""
+    check_tensor(out, "out", torch.float32, None)
+    check_device(out.device)
+    n = out.numel()
+    fconst, _ = _int_args(step, bits, (0, 0), 0, out.device)
+    _stream(data, n, bits, out.device, "message")
+    tile = tile_for(n)
+    launch(kern.intsum_decode_kernel, _grid(n, tile), out.device, data, n, data.numel(), out,
+            fconst, BITS=bits, ACCUMULATE=bool(accumulate), TILE=tile, **code_chunk(bits))
+    return out
+
+
+def intsum_recompress(data: torch.Tensor, acc: torch.Tensor, step: float, bits: int,
+                      key: Sequence[int], offset: int, out: torch.Tensor | None = None,
+                      writeback: str = "none") -> torch.Tensor:
+    """Codes of ``acc + decode(data)``; numba ``intsum_recompress``."""
+    wb = int(Writeback.parse(writeback))
+    check_tensor(acc, "acc", torch.float32, None)
+    check_device(acc.device)
+    n = acc.numel()
+    fconst, rand = _int_args(step, bits, key, offset, acc.device)
+    _stream(data, n, bits, acc.device, "message")
+    out = _out_stream(out, n, bits, acc.device)
+    distinct(out, data)
+    tile = tile_for(n)
+    launch(kern.intsum_recompress_kernel, _grid(n, tile), acc.device, data, acc, n,
+            out.numel(), out, fconst, rand, BITS=bits, WRITEBACK=wb, TILE=tile, **code_chunk(bits))
+    return out
+
+
