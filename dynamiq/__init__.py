@@ -4,7 +4,6 @@ The public API is re-exported here; everything else is an implementation detail.
 """
 
 from dynamiq import baselines as _baselines  # noqa: F401  (registers the baselines)
-from dynamiq.center import Center
 from dynamiq.codecs import (
     CODECS,
     DynamiQ,
@@ -43,7 +42,7 @@ from dynamiq.formats import (
 from dynamiq.pipeline import PIPELINES, Pipeline, get_pipeline
 from dynamiq.quantizers import QUANTIZERS, BlockQuantizer, Payload, get_quantizer
 from dynamiq.registry import DuplicateNameError, Registry, UnknownNameError
-from dynamiq.transforms import TRANSFORMS, Identity, RandomizedHadamard, Transform
+from dynamiq.transforms import TRANSFORMS, Center, Identity, RandomizedHadamard, Transform
 
 __version__ = "0.1.0"
 

@@ -193,20 +193,5 @@ def run_conformance() -> list[str]:
 
 def representative_codecs(cls: type) -> list:
     """Representative instances of a registered partial-sum codec class, for tests that run
-    every codec: its notable configurations, or the default instance; empty when the class
-    has no defaults to build one from."""
-    from dynamiq.codecs import DynamiQ, Passthrough, Requant, SharedScale
-
-    if cls is Passthrough:
-        return [Passthrough("fp32"), Passthrough("bf16")]
-    if cls is Requant:
-        return [Requant(name) for name in QUANTIZERS.names()] + [Requant("dq4_hier", seed=7)]
-    if cls is DynamiQ:
-        return [DynamiQ(), DynamiQ(widths="4"),
-                DynamiQ(bits=7.0, widths="2/4/8/16", scales="flat", rounding="stochastic")]
-    if cls is SharedScale:
-        return [SharedScale(), SharedScale("e2m1", 16, "e4m3")]
-    try:
-        return [cls()]
-    except TypeError:
-        return []
+    every codec: ``cls.examples()`` (see :meth:`dynamiq.codecs.PartialSumCodec.examples`)."""
+    return list(cls.examples())

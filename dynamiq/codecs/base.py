@@ -109,6 +109,16 @@ class PartialSumCodec:
     statistics: tuple[str, ...] = ()
     variable_size: bool = False
 
+    @classmethod
+    def examples(cls) -> list[PartialSumCodec]:
+        """Representative instances for tests that run every registered codec (the
+        conformance, fuzz and backend-parity tests): its notable configurations. The default
+        instance by default; a codec without defaults must override this."""
+        try:
+            return [cls()]
+        except TypeError:
+            return []
+
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:  # pragma: no cover
         """Bytes on the wire for the chunk of ``n`` coordinates that ``ctx`` locates."""
         raise NotImplementedError

@@ -42,6 +42,11 @@ class Passthrough(PartialSumCodec):
     def unbiased(self) -> bool:  # type: ignore[override]
         return self.wire == "fp32"  # BF16 rounds to nearest: biased, if only slightly
 
+    @classmethod
+    def examples(cls) -> list[Passthrough]:
+        """Both wire formats."""
+        return [cls("fp32"), cls("bf16")]
+
     def wire_bytes(self, n: int, ctx: HopContext | None = None) -> int:
         return n * (4 if self.wire == "fp32" else 2)
 

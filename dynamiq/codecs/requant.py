@@ -26,6 +26,11 @@ class Requant(PartialSumCodec):
     quantizer: BlockQuantizer | str
     seed: int = 0
 
+    @classmethod
+    def examples(cls) -> list[Requant]:
+        """Every registered quantizer, and one with another seed."""
+        return [cls(name) for name in QUANTIZERS.names()] + [cls("dq4_hier", seed=7)]
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "quantizer", get_quantizer(self.quantizer))
         if not isinstance(self.seed, int) or self.seed < 0:

@@ -117,6 +117,11 @@ class SharedScale(PartialSumCodec):
     block: int = 32
     scale: str = "e8m0"
 
+    @classmethod
+    def examples(cls) -> list[SharedScale]:
+        """The default (MXFP8-like) and an NVFP4-like configuration."""
+        return [cls(), cls("e2m1", 16, "e4m3")]
+
     def __post_init__(self) -> None:
         for name in ("element", "scale"):
             value = getattr(self, name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -272,13 +273,13 @@ def _discover() -> dict[str, Backend]:
     """Every backend sub-package of :mod:`dynamiq.kernels` (their ``BACKEND``), by name."""
     global _backends
     if _backends is None:
-        import dynamiq.kernels as pkg
-
+        here = Path(__file__).parent
+        package = __name__.rpartition(".")[0]
         found: dict[str, Backend] = {}
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        for info in sorted(pkgutil.iter_modules([str(here)]), key=lambda m: m.name):
             if not info.ispkg:
                 continue
-            be = getattr(importlib.import_module(f"{pkg.__name__}.{info.name}"), "BACKEND", None)
+            be = getattr(importlib.import_module(f"{package}.{info.name}"), "BACKEND", None)
             if isinstance(be, Backend):
                 if be.name in found:
                     raise RuntimeError(f"two kernel backends are named {be.name!r}")

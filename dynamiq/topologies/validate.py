@@ -4,8 +4,12 @@ model of :mod:`dynamiq.topologies.schedule`?"""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from dynamiq.topologies.schedule import PHASES, Schedule, ScheduleError, Transfer
+from dynamiq.topologies.transfer import PHASES, ScheduleError, Transfer
+
+if TYPE_CHECKING:
+    from dynamiq.topologies.schedule import Schedule
 
 __all__ = ["validate_schedule"]
 

@@ -22,10 +22,11 @@ from dynamiq.codecs.base import (
     check_writeback,
     hop_backend,
 )
-from dynamiq.codecs.dynamiq.errors import ALLOCATORS, width_options
+from dynamiq.codecs.dynamiq.errors import width_options
 from dynamiq.codecs.dynamiq.options import (
     CodingOption,
     build_options,
+    check_settings,
     normalise_group_sizes,
     normalise_widths,
 )
@@ -41,17 +42,6 @@ __all__ = ["SHORT_LENGTH", "SHORT_MIN_WIDTH", "DynamiQ"]
 #: :data:`SHORT_MIN_WIDTH` (where the codec offers one), even when that overruns the budget.
 SHORT_LENGTH = 4 * SUPER_GROUP
 SHORT_MIN_WIDTH = 4
-
-_CHOICES = {
-    "levels": ("eps", "uniform"),
-    "scales": ("hier", "flat"),
-    "rounding": ("correlated", "stochastic"),
-    "allocator": ALLOCATORS,
-    "scale_rounding": ("stochastic", "up"),
-    "metadata": ("fp8", "bf16"),
-    "super_scale": ("bf16", "e8m0"),
-}
-
 
 @CODECS.register("dynamiq")
 @dataclass(frozen=True)
@@ -142,17 +132,7 @@ class DynamiQ(PartialSumCodec):
                 and self.bits > 0):
             raise ValueError(f"bits must be a positive number, got {self.bits!r}")
         object.__setattr__(self, "bits", float(self.bits))
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
-        if not isinstance(self.dither, bool):
-            raise TypeError(f"dither must be a bool, got {self.dither!r}")
-        if (isinstance(self.dither_min_width, bool) or not isinstance(self.dither_min_width, int)
-                or not 2 <= self.dither_min_width <= 16):
-            raise ValueError(f"dither_min_width must be an int in [2, 16], got "
-                             f"{self.dither_min_width!r}")
+        check_settings(self)
         object.__setattr__(self, "group_size", normalise_group_sizes(self.group_size))
         # pure arithmetic on the options' sizes: no quantizer runs here
         floor = (min(self._option_bits) * 1024 + self._meta_bits(1024 * SUPER_GROUP)) / (

@@ -13,13 +13,13 @@ from functools import lru_cache
 import torch
 
 from dynamiq.codecs.allocation import WidthOption
-from dynamiq.codecs.dynamiq.options import CodingOption
+from dynamiq.codecs.dynamiq.options import CHOICES, CodingOption
 from dynamiq.quantizers import BlockQuantizer
 
 __all__ = ["ALLOCATORS", "measured_error", "width_options"]
 
 #: Error models of the allocation: the codec's measured errors, or the paper's ``4^−w``.
-ALLOCATORS = ("measured", "paper")
+ALLOCATORS = CHOICES["allocator"]
 
 #: Values and seed of the measurement (fixed, so every rank and process gets the same table).
 _SAMPLES = 1 << 16

@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ALLOWED_WIDTHS",
     "BF16_WIDTH",
+    "CHOICES",
     "CodingOption",
     "as_tuple",
     "build_options",
+    "check_settings",
     "normalise_group_sizes",
     "normalise_widths",
 ]
@@ -39,6 +41,17 @@ __all__ = [
 ALLOWED_WIDTHS = (2, 3, 4, 5, 6, 7, 8, 16)
 #: The width that travels as BF16 values (round to nearest even, no scales).
 BF16_WIDTH = 16
+
+#: The accepted values of the codec's text settings.
+CHOICES = {
+    "levels": ("eps", "uniform"),
+    "scales": ("hier", "flat"),
+    "rounding": ("correlated", "stochastic"),
+    "allocator": ("measured", "paper"),
+    "scale_rounding": ("stochastic", "up"),
+    "metadata": ("fp8", "bf16"),
+    "super_scale": ("bf16", "e8m0"),
+}
 
 
 def as_tuple(name: str, raw: object, kind: type) -> tuple:
@@ -122,6 +135,25 @@ def normalise_group_sizes(group_size: object) -> tuple[int, ...]:
     if len(set(gs)) != len(gs):
         raise ValueError(f"group sizes repeat: {group_size!r}")
     return tuple(sorted(gs))
+
+
+def check_settings(codec: DynamiQ) -> None:
+    """Check ``codec``'s text settings against :data:`CHOICES`, its ``seed`` and dithering.
+
+    Raises:
+        ValueError: a value out of range.
+        TypeError: ``dither`` is not a bool.
+    """
+    for name, allowed in CHOICES.items():
+        if getattr(codec, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(codec, name)!r}")
+    if not isinstance(codec.seed, int) or codec.seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {codec.seed!r}")
+    if not isinstance(codec.dither, bool):
+        raise TypeError(f"dither must be a bool, got {codec.dither!r}")
+    m = codec.dither_min_width
+    if isinstance(m, bool) or not isinstance(m, int) or not 2 <= m <= 16:
+        raise ValueError(f"dither_min_width must be an int in [2, 16], got {m!r}")
 
 
 @dataclass(frozen=True)

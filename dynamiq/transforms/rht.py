@@ -1,192 +1,33 @@
-"""Orthogonal transforms applied to a gradient before quantization and undone after reduction.
-
-A transform maps a 1-D float32 vector of length ``n`` to a (possibly zero-padded) vector of
-length ``padded_length(n)``. Every transform here is *linear* and, for a fixed configuration and
-``step``, identical on every rank, so it commutes with the all-reduce sum::
-
-    inverse(sum_r forward(x_r, step=s), n, step=s) == sum_r x_r     (up to float32 rounding)
-
-The randomized Hadamard transform spreads each block's energy evenly over its coordinates, which
-flattens outliers and makes low-bit quantization of the rotated vector far more accurate.
-
-Transforms are looked up by name in :data:`TRANSFORMS`::
-
-    TRANSFORMS["rht"](block_size=1024, seed=7)
-"""
+"""The blocked randomized Hadamard transform (RHT): every block's energy spread evenly over its
+coordinates, which flattens outliers and makes low-bit quantization of the rotated vector far
+more accurate. The kernels are the backends' ``rht_forward`` / ``rht_inverse``."""
 
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 
 import torch
 
-from dynamiq.kernels import backend_for, resolve_backend, rht_norm
+from dynamiq.kernels import backend_for, rht_norm
 from dynamiq.kernels.abi import MAX_HADAMARD_BLOCK as MAX_BLOCK
 from dynamiq.kernels.abi import MIN_HADAMARD_BLOCK as MIN_BLOCK
-from dynamiq.registry import Registry
 from dynamiq.rng import make_key
+from dynamiq.transforms.base import (
+    _U64,
+    TRANSFORMS,
+    Transform,
+    _as_int,
+    _check_n,
+    _check_step,
+    _check_vector,
+)
 
-__all__ = ["RHT_STREAM", "TRANSFORMS", "Identity", "RandomizedHadamard", "Transform"]
-
-TRANSFORMS: Registry[type] = Registry("transform")
-"""Transform classes by name: ``"identity"`` → :class:`Identity`, ``"rht"`` →
-:class:`RandomizedHadamard`."""
+__all__ = ["RHT_STREAM", "RandomizedHadamard"]
 
 RHT_STREAM = 0x52485400
 """Purpose id (ASCII ``"RHT\\0"``) mixed into the RNG key of the Hadamard sign diagonal, so the
 signs never coincide with random numbers drawn for another purpose under the same seed/step."""
-
-_U64 = 1 << 64
-
-
-def _as_int(name: str, value: object) -> int:
-    # bool is an int subclass, but block_size=True is always a mistake.
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        return operator.index(value)  # accepts numpy integers, rejects floats
-    except TypeError:
-        kind = type(value).__name__
-        raise TypeError(f"{name} must be an integer, got {kind} {value!r}") from None
-
-
-def _check_step(step: object) -> int:
-    s = _as_int("step", step)
-    # make_key only mixes the low 64 bits; larger steps would silently reuse rotations.
-    if not 0 <= s < _U64:
-        raise ValueError(f"step must be in [0, 2**64), got {s}")
-    return s
-
-
-def _check_n(n: object) -> int:
-    m = _as_int("n", n)
-    if m < 1:
-        raise ValueError(f"n must be >= 1, got {m}")
-    return m
-
-
-def _check_vector(t: object, what: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{what} must have dtype torch.float32, got {t.dtype}")
-    resolve_backend("auto", t.device)  # a device no backend runs on fails here, clearly
-    if t.dim() != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {tuple(t.shape)}")
-    if t.numel() == 0:
-        raise ValueError(f"{what} must not be empty")
-    if not t.is_contiguous():
-        raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
-    # The kernels work on the raw storage; autograd cannot follow them anyway.
-    return t.detach()
-
-
-class Transform:
-    """Base class of transforms (concrete transforms are frozen dataclasses).
-
-    A transform is a linear map ``T_step: R^n -> R^padded_length(n)`` with a left inverse, the
-    same on every rank for the same configuration and ``step``. Subclasses implement
-    :meth:`padded_length`, :meth:`forward` and :meth:`inverse`.
-    """
-
-    def padded_length(self, n: int) -> int:
-        """Length of ``forward``'s output for an input of length ``n``.
-
-        Args:
-            n: Input length, ``n >= 1``.
-
-        Returns:
-            The output length (``>= n``).
-        """
-        raise NotImplementedError
-
-    def forward(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
-        """Apply the transform.
-
-        Args:
-            x: float32, shape ``(n,)``, contiguous, on the CPU, ``n >= 1``.
-            step: Training step (``>= 0``); randomized transforms draw a fresh rotation per step.
-
-        Returns:
-            A new float32 tensor of shape ``(padded_length(n),)``.
-        """
-        raise NotImplementedError
-
-    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0) -> torch.Tensor:
-        """Undo :meth:`forward` and keep the first ``n`` coordinates.
-
-        Args:
-            y: float32, shape ``(m,)`` with ``m >= padded_length(n)``, contiguous, on the CPU.
-            n: Length of the original vector.
-            step: The ``step`` that was passed to :meth:`forward`.
-
-        Returns:
-            A new float32 tensor of shape ``(n,)``.
-        """
-        raise NotImplementedError
-
-
-@TRANSFORMS.register("identity")
-@dataclass(frozen=True)
-class Identity(Transform):
-    """The no-op transform: ``forward(x) == x`` and ``padded_length(n) == n``."""
-
-    def padded_length(self, n: int) -> int:
-        """Return ``n`` (no padding).
-
-        Args:
-            n: Input length, ``n >= 1``.
-
-        Returns:
-            ``n``.
-
-        Raises:
-            TypeError: ``n`` is not an integer.
-            ValueError: ``n < 1``.
-        """
-        return _check_n(n)
-
-    def forward(self, x: torch.Tensor, *, step: int = 0) -> torch.Tensor:
-        """Return a copy of ``x``; equivalent to ``x.clone()``.
-
-        Args:
-            x: float32, shape ``(n,)``, contiguous, on the CPU, ``n >= 1``.
-            step: Ignored (validated like the other transforms' ``step``).
-
-        Returns:
-            A new float32 tensor of shape ``(n,)`` equal to ``x``.
-
-        Raises:
-            TypeError: ``x`` is not a float32 tensor, or ``step`` is not an integer.
-            ValueError: ``x`` is not 1-D, empty, non-contiguous or not on the CPU, or
-                ``step < 0``.
-        """
-        _check_step(step)
-        return _check_vector(x, "x").clone()
-
-    def inverse(self, y: torch.Tensor, n: int, *, step: int = 0) -> torch.Tensor:
-        """Return a copy of the first ``n`` coordinates; equivalent to ``y[:n].clone()``.
-
-        Args:
-            y: float32, shape ``(m,)`` with ``m >= n``, contiguous, on the CPU.
-            n: Number of coordinates to keep, ``1 <= n <= m``.
-            step: Ignored (validated).
-
-        Returns:
-            A new float32 tensor of shape ``(n,)``.
-
-        Raises:
-            TypeError: ``y`` is not a float32 tensor, or ``n``/``step`` is not an integer.
-            ValueError: ``y`` is malformed (see :meth:`forward`), ``n < 1`` or ``n > m``.
-        """
-        _check_step(step)
-        y = _check_vector(y, "y")
-        n = _check_n(n)
-        if y.numel() < n:
-            raise ValueError(f"y has {y.numel()} elements, fewer than n={n}")
-        return y[:n].clone()
 
 
 @TRANSFORMS.register("rht")

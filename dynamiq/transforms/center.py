@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dynamiq.collectives.metadata import SUPER_GROUP
-from dynamiq.transforms import TRANSFORMS, Transform
+from dynamiq.transforms.base import TRANSFORMS, Transform
 
 __all__ = ["Center"]
 

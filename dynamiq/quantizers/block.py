@@ -1,4 +1,4 @@
-"""Block-scaled quantizers: element format + groups + scales + rounding, and their payloads.
+"""The block-scaled quantizer: element format + groups + scales + rounding.
 
 A :class:`BlockQuantizer` cuts a flat vector into groups of ``group_size`` elements, gives each
 group a scale, and codes every element in the element format relative to its group scale. With
@@ -33,58 +33,12 @@ from dynamiq.kernels import (
     Writeback,
     backend_for,
 )
-from dynamiq.registry import Registry
+from dynamiq.quantizers.checks import check_quantizer_config
+from dynamiq.quantizers.layout import compact, expand, wire_layout
+from dynamiq.quantizers.payload import Payload
 from dynamiq.rng import MAX_WORLD, make_key
 
-__all__ = [
-    "QUANTIZERS",
-    "ROUNDINGS",
-    "SCALE_ROUNDINGS",
-    "BlockQuantizer",
-    "Payload",
-    "get_quantizer",
-]
-
-ROUNDINGS = tuple(ROUNDING)
-SCALE_ROUNDINGS = ("up", "nearest", "down", "stochastic", "ocp")
-
-
-def _is_pow2(v: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and (v & (v - 1)) == 0
-
-
-@dataclass
-class Payload:
-    """The encoded form of a vector: one contiguous ``uint8`` buffer plus views into it.
-
-    Attributes:
-        quantizer: The quantizer that wrote it.
-        n: Number of coordinates encoded (before padding).
-        data: ``torch.uint8`` tensor of ``quantizer.nbytes(n)`` bytes: element codes, then group
-            scale codes, then super-group scale codes. This buffer is what is sent on the wire.
-    """
-
-    quantizer: BlockQuantizer
-    n: int
-    data: torch.Tensor
-
-    @property
-    def nbytes(self) -> int:
-        """Size of :attr:`data` in bytes."""
-        return int(self.data.numel())
-
-    @property
-    def bits_per_coord(self) -> float:
-        """Exact wire cost: ``8 * nbytes / n``."""
-        return 8.0 * self.nbytes / self.n
-
-    def sections(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """NumPy views ``(codes, scales, supers)`` of the buffer."""
-        q = self.quantizer
-        a, b, c = (q._section_sizes(self.n) if self.data.numel() == q._kernel_nbytes(self.n)
-                   else q._wire_section_sizes(self.n))
-        buf = self.data.numpy()
-        return buf[:a], buf[a : a + b], buf[a + b : a + b + c]
+__all__ = ["BlockQuantizer"]
 
 
 @dataclass(frozen=True)
@@ -135,56 +89,7 @@ class BlockQuantizer:
         object.__setattr__(self, "scale", resolve_format(self.scale))
         if self.super_scale is not None:
             object.__setattr__(self, "super_scale", resolve_format(self.super_scale))
-        el, sc = self.element, self.scale
-        if el.kind != "table" or not el.signed or el.min_value != 0.0:
-            raise ValueError(
-                f"element format {el} must be a signed table format that represents zero"
-            )
-        if not _is_pow2(self.group_size):
-            raise ValueError(f"group_size must be a power of two, got {self.group_size!r}")
-        if (self.group_size * el.bits) % 8:
-            raise ValueError(
-                f"group_size * element bits must be a multiple of 8 (byte-aligned groups); "
-                f"got {self.group_size} * {el.bits}"
-            )
-        if self.rounding not in ROUNDINGS:
-            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
-        if not isinstance(self.dither, bool):
-            raise TypeError(f"dither must be a bool, got {self.dither!r}")
-        if self.dither and self.rounding == "nearest":
-            raise ValueError("dither needs stochastic or correlated rounding (it subtracts the "
-                             "rounding's uniform), not 'nearest'")
-        if self.scale_rounding not in SCALE_ROUNDINGS:
-            raise ValueError(
-                f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {self.scale_rounding!r}"
-            )
-        for name, f in (("scale", sc), ("super_scale", self.super_scale)):
-            if f is not None and f.kind == "table" and f.bits % 8:
-                raise ValueError(f"{name} format must be 8, 16 or 32 bits wide, got {f.bits}")
-        if self.scale_rounding == "stochastic" and sc.kind == "fp32":
-            raise ValueError("stochastic scale rounding needs a table scale format, not fp32")
-        hier = self.super_group_size is not None
-        if hier != (self.super_scale is not None):
-            raise ValueError("super_group_size and super_scale must be given together")
-        top = self.super_scale if hier else sc
-        if top.kind == "table" and top.nan_code is None:
-            raise ValueError(
-                f"the top-level scale format {top} has no NaN code, so a block holding NaN/Inf "
-                "could not be flagged; use e8m0, e4m3, bf16 or fp32 (or hierarchical scales)"
-            )
-        if hier:
-            sg = self.super_group_size
-            if not _is_pow2(sg) or sg < self.group_size:
-                raise ValueError(
-                    f"super_group_size must be a power of two >= group_size, got {sg!r}"
-                )
-            if sc.kind != "table" or sc.max_value > 1.0:
-                raise ValueError(
-                    f"hierarchical group scales are relative to the super-group scale: their "
-                    f"format must have magnitudes in [0, 1] (e.g. u8rel), got {sc}"
-                )
-        if self.scale_rounding == "ocp" and sc.kind == "fp32":
-            raise ValueError("'ocp' scale rounding expects a power-of-two scale format (e8m0)")
+        check_quantizer_config(self)
 
     # ---- layout and accounting ---------------------------------------------------------------
     @property
@@ -201,16 +106,11 @@ class BlockQuantizer:
         return self._code.layout(n)
 
     def _wire_section_sizes(self, n: int) -> tuple[int, int, int]:
-        """Section sizes on the wire: a partial last block keeps only the groups it touches
-        (its codes and group scales), so a short vector does not pay for a whole block."""
-        groups = -(-n // self.group_size)
-        codes = groups * self.group_size * self.element.bits // 8
-        scales = groups * self._scale_tables.nbytes
-        return codes, scales, self._section_sizes(n)[2]
+        return wire_layout(self._code, n)
 
     def _kernel_nbytes(self, n: int) -> int:
         """Size of the kernels' payload layout (the partial last block padded to whole)."""
-        return sum(self._section_sizes(n))
+        return self._code.nbytes(n)
 
     def nbytes(self, n: int) -> int:
         """Exact payload size in bytes for ``n`` coordinates, all metadata included.
@@ -218,32 +118,14 @@ class BlockQuantizer:
         A partial last block is cut to the groups it touches: ``ceil(n / group_size)`` groups
         of codes and scales (and one super-group scale per started super-group).
         """
-        return sum(self._wire_section_sizes(n))
+        return sum(wire_layout(self._code, n))
 
     def _compact(self, padded: torch.Tensor, n: int, out: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        """The wire bytes of a payload in the kernels' layout (see :meth:`nbytes`)."""
-        a, b, _ = self._section_sizes(n)
-        a2, b2, c = self._wire_section_sizes(n)
-        if out is None:
-            out = torch.empty(a2 + b2 + c, dtype=torch.uint8, device=padded.device)
-        out[:a2] = padded[:a2]
-        out[a2:a2 + b2] = padded[a:a + b2]
-        out[a2 + b2:] = padded[a + b:]
-        return out
+        return compact(self._code, padded, n, out)
 
     def _expand(self, data: torch.Tensor, n: int) -> torch.Tensor:
-        """The kernels' layout of wire bytes: untouched groups get zero codes and scales (their
-        decoded values lie beyond ``n`` and are never read)."""
-        a, b, c = self._section_sizes(n)
-        a2, b2, _ = self._wire_section_sizes(n)
-        if a2 == a and b2 == b:
-            return data
-        padded = torch.zeros(a + b + c, dtype=torch.uint8, device=data.device)
-        padded[:a2] = data[:a2]
-        padded[a:a + b2] = data[a2:a2 + b2]
-        padded[a + b:] = data[a2 + b2:]
-        return padded
+        return expand(self._code, data, n)
 
     def _is_cut(self, n: int) -> bool:
         return self.nbytes(n) != self._kernel_nbytes(n)
@@ -523,48 +405,3 @@ class BlockQuantizer:
             s += f" super{self.super_group_size}={self.super_scale}"
         s = f"{s} rounding={self.rounding}/{self.scale_rounding}"
         return s + " dither" if self.dither else s
-
-
-QUANTIZERS: Registry[BlockQuantizer] = Registry("quantizer")
-
-
-def _mx(element: str) -> BlockQuantizer:
-    return BlockQuantizer(element, group_size=32, scale="e8m0", scale_rounding="ocp")
-
-
-QUANTIZERS.register("mxfp8", _mx("e4m3"))
-QUANTIZERS.register("mxfp8_e5m2", _mx("e5m2"))
-QUANTIZERS.register("mxfp6", _mx("e3m2"))
-QUANTIZERS.register("mxfp6_e2m3", _mx("e2m3"))
-QUANTIZERS.register("mxfp4", _mx("e2m1"))
-# NVFP4: E2M1 elements, an E4M3 scale per 16 under an FP32 scale (NVFP4's per-tensor scale,
-# here one per 256 so that blocks stay independent); an E4M3 scale on its own cannot span a
-# gradient's range (it clipped above 2688 and zeroed groups below about 1e-3)
-QUANTIZERS.register("nvfp4", BlockQuantizer("e2m1", group_size=16, scale="e4m3rel",
-                                            super_group_size=256, super_scale="fp32"))
-QUANTIZERS.alias("mxfp8_e4m3", "mxfp8")
-QUANTIZERS.alias("mxfp6_e3m2", "mxfp6")
-for _b in (4, 8):
-    QUANTIZERS.register(f"int{_b}_sr", BlockQuantizer(f"int{_b}", group_size=32, scale="bf16",
-                                                      rounding="stochastic"))
-for _b in (2, 4, 8):
-    QUANTIZERS.register(
-        f"dq{_b}_hier",
-        BlockQuantizer(f"dq{_b}", group_size=16, scale="u8rel", rounding="stochastic",
-                       scale_rounding="stochastic", super_group_size=256, super_scale="bf16"),
-    )
-# the DynamiQ codec's default coding of one width: groups of 32, power-of-two super-group
-# scales, correlated rounding decoded with subtractive dithering
-QUANTIZERS.register(
-    "dq4_dither",
-    BlockQuantizer("dq4", group_size=32, scale="u8rel", rounding="correlated",
-                   scale_rounding="stochastic", super_group_size=256, super_scale="e8m0",
-                   dither=True),
-)
-
-
-def get_quantizer(q: str | BlockQuantizer) -> BlockQuantizer:
-    """Return ``q`` itself or the registered quantizer of that name."""
-    if isinstance(q, BlockQuantizer):
-        return q
-    return QUANTIZERS.get(q)

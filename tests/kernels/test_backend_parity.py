@@ -1,0 +1,92 @@
+"""Every backend gives the reference backend's bits, for every registered component.
+
+Backends are enrolled automatically: every name :func:`dynamiq.kernels.backend_names` knows
+(the Triton one runs under the interpreter here, see ``conftest.py``) is compared with
+``reference``, the readable NumPy/torch statement of the kernels. Components are taken from the
+registries when the test runs: every quantizer (encode, decode, the fused hop in every
+write-back, with correlated and dithered keys, on lengths with partial blocks), every codec's
+:meth:`~dynamiq.codecs.PartialSumCodec.examples` (the four hop operations, inside a collective),
+every transform, and the metadata statistics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _parity import WRITEBACKS, assert_same, check_hops, enrolled, metadata_context, vector
+
+from dynamiq import QUANTIZERS, TRANSFORMS, Payload
+from dynamiq.collectives.metadata import STATISTICS, local_statistics
+from dynamiq.kernels import backend_names
+
+BACKENDS = [b for b in backend_names() if b not in ("auto", "reference")]
+KEYS = {"seed": 5, "rank": 1, "world_size": 3, "stream": (2, 7), "index_offset": 768}
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+
+
+def test_backends_are_discovered():
+    assert {"numba", "triton"} <= set(BACKENDS)
+    assert "reference" in backend_names()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1000, 77])
+def test_every_registered_quantizer_matches_the_reference(backend, n):
+    for name in QUANTIZERS.names():
+        q = QUANTIZERS[name]
+        x = vector(n, 3)
+        want = q.encode(x, backend="reference", **KEYS)
+        got = q.encode(x, backend=backend, **KEYS)
+        assert_same(got.data, want.data, f"{name} encode n={n}")
+        assert_same(q.decode(got, backend=backend, **KEYS),
+                    q.decode(want, backend="reference", **KEYS), f"{name} decode n={n}")
+        acc = vector(n, 4)
+        for wb in WRITEBACKS:
+            a1, a2 = acc.clone(), acc.clone()
+            r1 = q.recompress(want, a1, writeback=wb, backend="reference", in_rank=2, **KEYS)
+            r2 = q.recompress(Payload(q, n, want.data.clone()), a2, writeback=wb,
+                              backend=backend, in_rank=2, **KEYS)
+            assert_same(r2.data, r1.data, f"{name} recompress({wb}) bytes n={n}")
+            assert_same(a2, a1, f"{name} recompress({wb}) acc n={n}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_registered_codec_matches_the_reference(backend):
+    n = 1003  # no block size divides it: every codec has a partial last block
+    for codec in enrolled():
+        check_hops(codec, metadata_context(codec, n, 1), metadata_context(codec, n, 2), n,
+                   repr(codec), backends=(backend, "reference"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_registered_transform_matches_the_reference(backend):
+    for name, cls in TRANSFORMS.items():
+        for t in ([cls(block_size=b) for b in (16, 256)] if name == "rht" else [cls()]):
+            if getattr(t, "statistics", ()):
+                continue  # data-dependent transforms run inside pipelines (test_triton_codecs)
+            x = vector(700, 9)
+            y_ref = t.forward(x, step=3, backend="reference") if name == "rht" else None
+            if y_ref is None:
+                continue  # transforms without kernels (identity)
+            y = t.forward(x, step=3, backend=backend)
+            assert_same(y, y_ref, f"{t} forward")
+            assert_same(t.inverse(y, 700, step=3, backend=backend),
+                        t.inverse(y_ref, 700, step=3, backend="reference"), f"{t} inverse")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_metadata_statistics_match_the_reference(backend):
+    rs = np.random.default_rng(2)
+    y = torch.from_numpy((rs.standard_normal(3000) * 10.0 ** rs.uniform(-3, 3, 3000))
+                         .astype(np.float32))
+    y[[5, 2000]] = float("nan")
+    y[1000] = float("inf")
+    names = list(STATISTICS.names())
+    want = local_statistics(names, y, backend="reference")
+    got = local_statistics(names, y, backend=backend)
+    for name in names:
+        w, g = want[name], got[name]
+        assert torch.equal(w.isnan(), g.isnan()), name
+        assert torch.equal(w.nan_to_num(7.0), g.nan_to_num(7.0)), name
