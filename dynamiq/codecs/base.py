@@ -247,6 +247,24 @@ def check_writeback(writeback: str | Writeback) -> Writeback:
     return Writeback.parse(writeback)
 
 
+def message_buffer(nbytes: int, out: torch.Tensor | None, device: torch.device
+                   ) -> torch.Tensor:
+    """``out`` checked as a message buffer of ``nbytes`` bytes, or a new one on ``device``."""
+    if out is None:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
+    return out
+
+
+def check_message(data: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """``data`` (contiguous) if it is a message of ``nbytes`` uint8 bytes; else ``ValueError``."""
+    if data.dtype != torch.uint8 or data.numel() != nbytes:
+        raise ValueError(f"message must be {nbytes} uint8 bytes, got {data.numel()} "
+                         f"{data.dtype}")
+    return data.contiguous()
+
+
 def _check_chunk(x: torch.Tensor, what: str = "chunk") -> None:
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 1:
         raise TypeError(f"{what} must be a 1-D float32 tensor")

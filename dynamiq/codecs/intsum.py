@@ -46,7 +46,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from dynamiq.codecs.base import (
@@ -54,8 +53,10 @@ from dynamiq.codecs.base import (
     HopContext,
     PartialSumCodec,
     _check_chunk,
+    check_message,
     check_writeback,
     hop_kernels,
+    message_buffer,
 )
 from dynamiq.kernels import Purpose
 from dynamiq.rng import make_key
@@ -219,21 +220,6 @@ class IntSum(PartialSumCodec):
         return -(-n * self._max_bits // 8)
 
     # ---- hop operations -----------------------------------------------------------------------
-    def _out(self, nbytes: int, out: torch.Tensor | None,
-             device: torch.device | None = None) -> torch.Tensor:
-        if out is None:
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
-        return out
-
-    @staticmethod
-    def _check_data(data: torch.Tensor, nbytes: int) -> torch.Tensor:
-        if data.dtype != torch.uint8 or data.numel() != nbytes:
-            raise ValueError(f"message must be {nbytes} uint8 bytes, got {data.numel()} "
-                             f"{data.dtype}")
-        return data.contiguous()
-
     def _key(self, ctx: HopContext) -> tuple[int, int]:
         return make_key(self.seed, *ctx.stream, ctx.rank, Purpose.INTSUM)
 
@@ -242,7 +228,7 @@ class IntSum(PartialSumCodec):
         _check_chunk(x)
         plan = self._plan(ctx)
         n = x.numel()
-        out = self._out(-(-n * plan.bits // 8), out, x.device)
+        out = message_buffer(-(-n * plan.bits // 8), out, x.device)
         hop_kernels(ctx, x).intsum_encode(x, plan.step, plan.bits, self._key(ctx),
                                           ctx.index_offset, out)
         return out
@@ -251,7 +237,7 @@ class IntSum(PartialSumCodec):
                 accumulate: bool) -> None:
         _check_chunk(out, "output")
         plan = self._plan(ctx)
-        data = self._check_data(data, -(-out.numel() * plan.bits // 8))
+        data = check_message(data, -(-out.numel() * plan.bits // 8))
         hop_kernels(ctx, out).intsum_decode(data, plan.step, plan.bits, out, accumulate)
 
     def decompress(self, data, out, ctx=None):
@@ -269,8 +255,8 @@ class IntSum(PartialSumCodec):
         _check_chunk(acc, "accumulator")
         plan = self._plan(ctx)
         nbytes = -(-acc.numel() * plan.bits // 8)
-        out = self._out(nbytes, out, acc.device)
-        data = self._check_data(data, nbytes)
+        out = message_buffer(nbytes, out, acc.device)
+        data = check_message(data, nbytes)
         hop_kernels(ctx, acc).intsum_recompress(data, acc, plan.step, plan.bits, self._key(ctx),
                                                 ctx.index_offset, wb, out)
         return out

@@ -49,8 +49,10 @@ from dynamiq.codecs.base import (
     HopContext,
     PartialSumCodec,
     _check_chunk,
+    check_message,
     check_writeback,
     hop_kernels,
+    message_buffer,
 )
 from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
 from dynamiq.kernels import FormatTables, SharedScaleCode
@@ -281,25 +283,11 @@ class SharedScale(PartialSumCodec):
                 full = cache[str(device)] = plan.scales.to(device=device, dtype=torch.float32)
         return full[j: j + nb]
 
-    def _out(self, n: int, out: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-        nbytes = self.wire_bytes(n)
-        if out is None:
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
-        return out
-
-    def _check_data(self, data: torch.Tensor, n: int) -> torch.Tensor:
-        if data.dtype != torch.uint8 or data.numel() != self.wire_bytes(n):
-            raise ValueError(f"message must be {self.wire_bytes(n)} uint8 bytes for {n} "
-                             f"coordinates, got {data.numel()} {data.dtype}")
-        return data.contiguous()
-
     def compress(self, x, ctx, out=None):
         """Packed codes (uint8 ``[ceil(n*bits/8)]``) of the float32 chunk ``x`` ``[n]``."""
         _check_chunk(x)
         n = x.numel()
-        out = self._out(n, out, x.device)
+        out = message_buffer(self.wire_bytes(n), out, x.device)
         hop_kernels(ctx, x).shared_encode(self._code, x, self._block_scales(n, ctx, x.device),
                                           self.block, out)
         return out
@@ -308,7 +296,7 @@ class SharedScale(PartialSumCodec):
                 accumulate: bool) -> None:
         _check_chunk(out, "output")
         n = out.numel()
-        hop_kernels(ctx, out).shared_decode(self._code, self._check_data(data, n),
+        hop_kernels(ctx, out).shared_decode(self._code, check_message(data, self.wire_bytes(n)),
                                             self._block_scales(n, ctx, out.device), self.block,
                                             out, accumulate)
 
@@ -326,8 +314,9 @@ class SharedScale(PartialSumCodec):
         wb = check_writeback(writeback)
         _check_chunk(acc, "accumulator")
         n = acc.numel()
-        out = self._out(n, out, acc.device)
-        hop_kernels(ctx, acc).shared_recompress(self._code, self._check_data(data, n), acc,
+        out = message_buffer(self.wire_bytes(n), out, acc.device)
+        data = check_message(data, self.wire_bytes(n))
+        hop_kernels(ctx, acc).shared_recompress(self._code, data, acc,
                                                 self._block_scales(n, ctx, acc.device),
                                                 self.block, wb, out)
         return out

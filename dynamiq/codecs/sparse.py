@@ -48,9 +48,10 @@ from dynamiq.codecs.base import (
     _check_chunk,
     check_writeback,
     hop_kernels,
+    message_buffer,
 )
-from dynamiq.kernels import Selection
 from dynamiq.collectives.metadata import metadata_bits
+from dynamiq.kernels import Selection
 from dynamiq.spec import format_call
 
 __all__ = ["Sparse", "SparsePlan"]
@@ -270,18 +271,11 @@ class Sparse(PartialSumCodec):
         return 2 * n
 
     # ---- hop operations -----------------------------------------------------------------------
-    def _out(self, nbytes: int, out: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-        if out is None:
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if out.dtype != torch.uint8 or out.numel() != nbytes or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of {nbytes} bytes")
-        return out
-
     def compress(self, x, ctx, out=None):
         """BF16 bytes (round to nearest even) of the chunk's selected coordinates."""
         _check_chunk(x)
         sel = self._selection(x.numel(), ctx)
-        out = self._out(2 * (x.numel() if sel is None else sel.count), out, x.device)
+        out = message_buffer(2 * (x.numel() if sel is None else sel.count), out, x.device)
         hop_kernels(ctx, x).wire_encode(x, "bf16", out, sel)
         return out
 
@@ -304,7 +298,7 @@ class Sparse(PartialSumCodec):
         wb = check_writeback(writeback)
         _check_chunk(acc, "accumulator")
         sel = self._selection(acc.numel(), ctx)
-        out = self._out(2 * (acc.numel() if sel is None else sel.count), out, acc.device)
+        out = message_buffer(2 * (acc.numel() if sel is None else sel.count), out, acc.device)
         hop_kernels(ctx, acc).wire_recompress(data, acc, "bf16", wb, out, sel)
         return out
 

@@ -1,16 +1,5 @@
-"""The block-scaled quantizer: element format + groups + scales + rounding.
-
-A :class:`BlockQuantizer` cuts a flat vector into groups of ``group_size`` elements, gives each
-group a scale, and codes every element in the element format relative to its group scale. With
-``super_group_size`` set, scales are *hierarchical*: each super-group has a scale in
-``super_scale`` format and each group scale is stored relative to it (DynamiQ: UINT8 group scales
-under a BF16 super-group scale).
-
-The quantizer is a frozen, hashable value; :data:`QUANTIZERS` holds the named ones (MX, NVFP4,
-plain integer and DynamiQ-level quantizers). ``encode`` returns a :class:`Payload` whose single
-``uint8`` buffer is exactly what goes on the wire, so :meth:`BlockQuantizer.bits_per_coord` is the
-wire cost, metadata included.
-"""
+"""The block-scaled quantizer (:class:`BlockQuantizer`): its configuration, wire layout and the
+encode / decode / fused-hop calls into the kernel backends (see :mod:`dynamiq.quantizers`)."""
 
 from __future__ import annotations
 

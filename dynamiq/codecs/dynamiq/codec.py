@@ -105,6 +105,7 @@ class DynamiQ(PartialSumCodec):
     Raises:
         ValueError: a value out of range, or ``bits`` below what the cheapest option costs
             with its scales and the metadata.
+        TypeError: ``dither`` is not a bool.
     """
 
     bits: float = 5.0

@@ -96,8 +96,9 @@ def _sections(code: BlockCode, data: torch.Tensor, n: int) -> tuple[torch.Tensor
 
 
 def encode(code: BlockCode, x: torch.Tensor, rand: Sequence[int],
-           out: torch.Tensor | None = None, *, blocks_per_program: int | None = None) -> torch.Tensor:
-    """Encode ``x`` with quantizer ``q``; equivalent to the numba ``BlockQuantizer.encode``.
+           out: torch.Tensor | None = None, *,
+           blocks_per_program: int | None = None) -> torch.Tensor:
+    """Encode ``x`` with the quantizer ``code`` describes; equivalent to the Numba kernel.
 
     Args:
         code: The quantizer's kernel view (``BlockQuantizer._code``).

@@ -19,8 +19,9 @@ import torch
 
 from dynamiq.kernels.abi import TILE, TILE_INTERPRETED
 
-__all__ = ["cdiv", "check_device", "check_tensor", "code_chunk", "device_tables",
-           "distinct", "interpreted", "launch", "on_device", "tile_for"]
+__all__ = ["cdiv", "check_device", "check_tensor", "code_chunk", "device_tables", "distinct",
+           "grid_for", "interpreted", "launch", "on_device", "stream_in", "stream_out",
+           "tile_for"]
 
 _tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
@@ -96,6 +97,26 @@ def launch(kernel: Any, grid: tuple[int, ...], device: torch.device, *args: Any,
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ints (grid sizes)."""
     return -(-a // b)
+
+
+def grid_for(n: int, tile: int) -> tuple[int]:
+    """One program per ``tile`` coordinates (at least one)."""
+    return (max(1, cdiv(n, tile)),)
+
+
+def stream_in(data: torch.Tensor, n: int, bits: int, device: torch.device, name: str
+              ) -> torch.Tensor:
+    """``data`` checked as the ``ceil(n * bits / 8)``-byte stream of ``n`` ``bits``-bit codes."""
+    return check_tensor(data, name, torch.uint8, -(-n * bits // 8), device)
+
+
+def stream_out(out: torch.Tensor | None, n: int, bits: int, device: torch.device
+               ) -> torch.Tensor:
+    """``out`` checked (or allocated) as the stream of ``n`` ``bits``-bit codes."""
+    nbytes = -(-n * bits // 8)
+    if out is None:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return check_tensor(out, "out", torch.uint8, nbytes, device)
 
 
 def tile_for(n: int) -> int:

@@ -14,29 +14,15 @@ from dynamiq.kernels.triton.common import (
     check_tensor,
     code_chunk,
     distinct,
+    grid_for,
     launch,
+    stream_in,
+    stream_out,
     tile_for,
 )
 from dynamiq.kernels.triton.jit import intsum as kern
 
 __all__ = ["intsum_decode", "intsum_encode", "intsum_recompress"]
-
-
-def _stream(data: torch.Tensor, n: int, bits: int, device: torch.device, name: str
-            ) -> torch.Tensor:
-    return check_tensor(data, name, torch.uint8, -(-n * bits // 8), device)
-
-
-def _out_stream(out: torch.Tensor | None, n: int, bits: int, device: torch.device
-                ) -> torch.Tensor:
-    nbytes = -(-n * bits // 8)
-    if out is None:
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return check_tensor(out, "out", torch.uint8, nbytes, device)
-
-
-def _grid(n: int, tile: int) -> tuple[int]:
-    return (max(1, -(-n // tile)),)
 
 
 # ---- integer sums -------------------------------------------------------------------------------
@@ -62,9 +48,9 @@ def intsum_encode(x: torch.Tensor, step: float, bits: int, key: Sequence[int], o
     check_device(x.device)
     n = x.numel()
     fconst, rand = _int_args(step, bits, key, offset, x.device)
-    out = _out_stream(out, n, bits, x.device)
+    out = stream_out(out, n, bits, x.device)
     tile = tile_for(n)
-    launch(kern.intsum_encode_kernel, _grid(n, tile), x.device, x, n, out.numel(), out, fconst,
+    launch(kern.intsum_encode_kernel, grid_for(n, tile), x.device, x, n, out.numel(), out, fconst,
             rand, BITS=bits, TILE=tile, **code_chunk(bits))
     return out
 
@@ -76,9 +62,9 @@ def intsum_decode(data: torch.Tensor, step: float, bits: int, out: torch.Tensor,
     check_device(out.device)
     n = out.numel()
     fconst, _ = _int_args(step, bits, (0, 0), 0, out.device)
-    _stream(data, n, bits, out.device, "message")
+    stream_in(data, n, bits, out.device, "message")
     tile = tile_for(n)
-    launch(kern.intsum_decode_kernel, _grid(n, tile), out.device, data, n, data.numel(), out,
+    launch(kern.intsum_decode_kernel, grid_for(n, tile), out.device, data, n, data.numel(), out,
             fconst, BITS=bits, ACCUMULATE=bool(accumulate), TILE=tile, **code_chunk(bits))
     return out
 
@@ -92,11 +78,11 @@ def intsum_recompress(data: torch.Tensor, acc: torch.Tensor, step: float, bits: 
     check_device(acc.device)
     n = acc.numel()
     fconst, rand = _int_args(step, bits, key, offset, acc.device)
-    _stream(data, n, bits, acc.device, "message")
-    out = _out_stream(out, n, bits, acc.device)
+    stream_in(data, n, bits, acc.device, "message")
+    out = stream_out(out, n, bits, acc.device)
     distinct(out, data)
     tile = tile_for(n)
-    launch(kern.intsum_recompress_kernel, _grid(n, tile), acc.device, data, acc, n,
+    launch(kern.intsum_recompress_kernel, grid_for(n, tile), acc.device, data, acc, n,
             out.numel(), out, fconst, rand, BITS=bits, WRITEBACK=wb, TILE=tile, **code_chunk(bits))
     return out
 

@@ -14,29 +14,15 @@ from dynamiq.kernels.triton.common import (
     code_chunk,
     device_tables,
     distinct,
+    grid_for,
     launch,
+    stream_in,
+    stream_out,
     tile_for,
 )
 from dynamiq.kernels.triton.jit import shared_scale as kern
 
 __all__ = ["shared_decode", "shared_encode", "shared_recompress", "tables_of"]
-
-
-def _stream(data: torch.Tensor, n: int, bits: int, device: torch.device, name: str
-            ) -> torch.Tensor:
-    return check_tensor(data, name, torch.uint8, -(-n * bits // 8), device)
-
-
-def _out_stream(out: torch.Tensor | None, n: int, bits: int, device: torch.device
-                ) -> torch.Tensor:
-    nbytes = -(-n * bits // 8)
-    if out is None:
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return check_tensor(out, "out", torch.uint8, nbytes, device)
-
-
-def _grid(n: int, tile: int) -> tuple[int]:
-    return (max(1, -(-n // tile)),)
 
 
 def tables_of(code: SharedScaleCode, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -78,10 +64,10 @@ def shared_encode(x: torch.Tensor, scales: torch.Tensor, block: int, mbits: int,
     check_device(x.device)
     n = _shared_args(x, scales, block, tables)
     bits = mbits + 1
-    out = _out_stream(out, n, bits, x.device)
+    out = stream_out(out, n, bits, x.device)
     tab, lut, _, iconst = tables
     tile = tile_for(n)
-    launch(kern.shared_encode_kernel, _grid(n, tile), x.device, x, n, out.numel(), scales, out,
+    launch(kern.shared_encode_kernel, grid_for(n, tile), x.device, x, n, out.numel(), scales, out,
             tab, lut, iconst, BLOCK=block, MBITS=mbits, TILE=tile, **code_chunk(bits))
     return out
 
@@ -100,9 +86,9 @@ def shared_decode(data: torch.Tensor, scales: torch.Tensor, block: int, mbits: i
     check_tensor(out, "out", torch.float32, None)
     check_device(out.device)
     n = _shared_args(out, scales, block, tables)
-    _stream(data, n, mbits + 1, out.device, "message")
+    stream_in(data, n, mbits + 1, out.device, "message")
     tile = tile_for(n)
-    launch(kern.shared_decode_kernel, _grid(n, tile), out.device, data, n, data.numel(),
+    launch(kern.shared_decode_kernel, grid_for(n, tile), out.device, data, n, data.numel(),
             scales, out, tables[2], BLOCK=block, MBITS=mbits, ACCUMULATE=bool(accumulate),
             TILE=tile, **code_chunk(mbits + 1))
     return out
@@ -127,12 +113,12 @@ def shared_recompress(data: torch.Tensor, acc: torch.Tensor, scales: torch.Tenso
     check_device(acc.device)
     n = _shared_args(acc, scales, block, tables)
     bits = mbits + 1
-    _stream(data, n, bits, acc.device, "message")
-    out = _out_stream(out, n, bits, acc.device)
+    stream_in(data, n, bits, acc.device, "message")
+    out = stream_out(out, n, bits, acc.device)
     distinct(out, data)
     tab, lut, dec, iconst = tables
     tile = tile_for(n)
-    launch(kern.shared_recompress_kernel, _grid(n, tile), acc.device, data, acc, n, out.numel(),
+    launch(kern.shared_recompress_kernel, grid_for(n, tile), acc.device, data, acc, n, out.numel(),
             scales, out, tab, lut, dec, iconst, BLOCK=block, MBITS=mbits, WRITEBACK=wb,
             TILE=tile, **code_chunk(bits))
     return out

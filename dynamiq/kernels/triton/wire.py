@@ -12,6 +12,7 @@ from dynamiq.kernels.triton.common import (
     check_device,
     check_tensor,
     distinct,
+    grid_for,
     interpreted,
     launch,
     tile_for,
@@ -26,10 +27,6 @@ ROWS = 4
 ROWS_INTERPRETED = 64
 
 _nan16: dict[str, int] = {}
-
-
-def _grid(n: int, tile: int) -> tuple[int]:
-    return (max(1, -(-n // tile)),)
 
 
 # ---- wire values --------------------------------------------------------------------------------
@@ -126,7 +123,7 @@ def wire_encode(x: torch.Tensor, wire: str, out: torch.Tensor | None = None,
     w = _wire_view(out, count, wire, x.device, "out")
     if n:
         tile = tile_for(n)
-        launch(kern.wire_encode_kernel, _grid(n, tile), x.device, x, n, w, bpos,
+        launch(kern.wire_encode_kernel, grid_for(n, tile), x.device, x, n, w, bpos,
                 bf16_nan_pattern(x.device), BF16=wire == "bf16", SELECT=select is not None,
                 SB=block, TILE=tile)
     return out
@@ -142,7 +139,7 @@ def wire_decode(data: torch.Tensor, wire: str, out: torch.Tensor, accumulate: bo
     w = _wire_view(data, count, wire, out.device, "message")
     if n:
         tile = tile_for(n)
-        launch(kern.wire_decode_kernel, _grid(n, tile), out.device, w, n, out, bpos,
+        launch(kern.wire_decode_kernel, grid_for(n, tile), out.device, w, n, out, bpos,
                 BF16=wire == "bf16", SELECT=select is not None, SB=block,
                 ACCUMULATE=bool(accumulate), TILE=tile)
     return out
@@ -169,7 +166,7 @@ def wire_recompress(data: torch.Tensor, acc: torch.Tensor, wire: str,
     distinct(out, data)
     if n:
         tile = tile_for(n)
-        launch(kern.wire_recompress_kernel, _grid(n, tile), acc.device, w_in, acc, n, w_out,
+        launch(kern.wire_recompress_kernel, grid_for(n, tile), acc.device, w_in, acc, n, w_out,
                 bpos, bf16_nan_pattern(acc.device), BF16=wire == "bf16",
                 SELECT=select is not None, SB=block, WRITEBACK=wb, TILE=tile)
     return out

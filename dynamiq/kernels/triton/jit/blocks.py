@@ -1,11 +1,11 @@
 """Triton block kernels: encode, decode (+accumulate) and fused decode-accumulate-recompress.
 
 Twins of the Numba kernels of :mod:`dynamiq.kernels.numba._blocks`, bit for bit: same layout,
-same float32 operations in the same order (see :mod:`dynamiq.kernels.triton.jit.elements`). One
-kernel per operation serves every quantizer: element width and magnitude bits, rounding modes, group and
-block sizes, hierarchy, scale kinds and widths are ``tl.constexpr`` parameters (Triton compiles
-one variant per combination, as Numba does per :class:`~dynamiq.kernels.abi.KernelSpec`);
-the format tables are runtime tensors.
+same float32 operations in the same order (see :mod:`dynamiq.kernels.triton.jit.elements`).
+One kernel per operation serves every quantizer: element width and magnitude bits, rounding
+modes, group and block sizes, hierarchy, scale kinds and widths are ``tl.constexpr`` parameters
+(Triton compiles one variant per combination, as Numba does per
+:class:`~dynamiq.kernels.abi.KernelSpec`); the format tables are runtime tensors.
 
 A program handles a tile of ``NB`` consecutive blocks (a block is a super-group when scales are
 hierarchical, else a group), held in registers as a ``[NB * GPB, GROUP]`` tile of groups. The
