@@ -18,17 +18,8 @@ from dynamiq.codecs import (
     get_codec,
 )
 from dynamiq.collectives.api import CallMismatchError, all_reduce, reset_call_counters
+from dynamiq.collectives.p2p import P2PStats
 from dynamiq.collectives.simulator import SimulationResult, simulate
-from dynamiq.collectives.topology import (
-    TOPOLOGIES,
-    Butterfly,
-    Hierarchical,
-    Ring,
-    Schedule,
-    Topology,
-    Transfer,
-    get_topology,
-)
 from dynamiq.formats import (
     FORMATS,
     EpsilonFormat,
@@ -42,6 +33,16 @@ from dynamiq.formats import (
 from dynamiq.pipeline import PIPELINES, Pipeline, get_pipeline
 from dynamiq.quantizers import QUANTIZERS, BlockQuantizer, Payload, get_quantizer
 from dynamiq.registry import DuplicateNameError, Registry, UnknownNameError
+from dynamiq.topologies import (
+    TOPOLOGIES,
+    Butterfly,
+    Hierarchical,
+    Ring,
+    Schedule,
+    Topology,
+    Transfer,
+    get_topology,
+)
 from dynamiq.transforms import TRANSFORMS, Center, Identity, RandomizedHadamard, Transform
 
 __version__ = "0.1.0"
@@ -69,6 +70,7 @@ __all__ = [
     "IntSum",
     "LevelFormat",
     "NumberFormat",
+    "P2PStats",
     "PartialSumCodec",
     "Passthrough",
     "Payload",

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamiq.codecs import DynamiQ, PartialSumCodec, Passthrough, Requant, get_codec
-from dynamiq.collectives.metadata import metadata_bits
-from dynamiq.collectives.topology import Topology, get_topology
+from dynamiq.metadata import metadata_bits
 from dynamiq.registry import Registry
 from dynamiq.spec import build, format_call, split_top_level
+from dynamiq.topologies import Topology, get_topology
 from dynamiq.transforms import TRANSFORMS, Center, Transform
 
 __all__ = ["PIPELINES", "Pipeline", "get_pipeline", "get_transform", "transform_spec"]

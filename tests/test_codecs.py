@@ -30,7 +30,7 @@ from dynamiq import (
     UnknownNameError,
     get_codec,
 )
-from dynamiq.collectives.metadata import local_statistics
+from dynamiq.collectives.statistics import local_statistics
 from dynamiq.testing import representative_codecs
 
 SIZES = (1, 255, 256, 1000)

@@ -97,7 +97,7 @@ class PartialSumCodec:
             independently, so a chunk can be coded alone with the same result).
         lossless: Whether ``decompress(compress(x)) == x`` exactly.
         unbiased: Whether every rank's result is an unbiased estimate of the exact sum.
-        statistics: Names (in :data:`dynamiq.collectives.metadata.STATISTICS`) of the
+        statistics: Names (in :data:`dynamiq.metadata.STATISTICS`) of the
             per-block statistics the codec needs from the metadata phase.
         variable_size: Whether :meth:`wire_bytes` depends on the call (it then needs the
             :class:`HopContext` with the prepared decisions).
@@ -226,18 +226,9 @@ def hop_kernels(ctx: HopContext | None, t: torch.Tensor) -> Backend:
     return backend_for("auto" if ctx is None else ctx.backend, t)
 
 
-_WRITEBACK = ("none", "sum", "decoded")  # removed once every codec uses check_writeback
-
-
-def _triton_launchers() -> Any:
-    """The Triton wire launchers (:mod:`dynamiq.kernels.triton.wire`), imported on first use."""
-    from dynamiq.kernels.triton import wire
-
-    return wire
-
-
 def hop_backend(ctx: HopContext | None, t: torch.Tensor) -> str:
-    """The name of the backend of a hop on tensor ``t`` (see :func:`hop_kernels`)."""
+    """The name of the backend of a hop on tensor ``t`` (see :func:`hop_kernels`); what a
+    codec passes on to components that take ``backend=`` (e.g. a quantizer)."""
     return hop_kernels(ctx, t).name
 
 

@@ -50,8 +50,8 @@ from dynamiq.codecs.base import (
     hop_kernels,
     message_buffer,
 )
-from dynamiq.collectives.metadata import metadata_bits
 from dynamiq.kernels import Selection
+from dynamiq.metadata import metadata_bits
 from dynamiq.spec import format_call
 
 __all__ = ["Sparse", "SparsePlan"]

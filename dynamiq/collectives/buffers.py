@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from dynamiq.collectives.engine import Plan
 from dynamiq.collectives.tiling import Layout, TiledPlan, build_layout
-from dynamiq.collectives.topology import Transfer
 from dynamiq.pipeline import Pipeline
+from dynamiq.topologies import Transfer
 
 __all__ = ["CACHE_SIZE", "PROGRAM_CACHE", "Program", "ProgramCache", "Step", "build_program"]
 

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from dynamiq.codecs import HopContext, PartialSumCodec
-from dynamiq.collectives.metadata import STATISTICS, local_statistics
-from dynamiq.collectives.topology import Schedule, Transfer
+from dynamiq.collectives.statistics import local_statistics
+from dynamiq.metadata import STATISTICS
 from dynamiq.pipeline import Pipeline
+from dynamiq.topologies import Schedule, Transfer
 
 __all__ = [
     "Plan",
@@ -295,7 +296,7 @@ def local_metadata(p: Pipeline, y: torch.Tensor, states: dict, backend: str = "a
     """One rank's metadata: the declared statistics and the codecs' own values.
 
     ``backend`` chooses the statistics kernel (see
-    :func:`~dynamiq.collectives.metadata.local_statistics`).
+    :func:`~dynamiq.collectives.statistics.local_statistics`).
 
     Returns:
         ``(values, reduces)``: name → float64 tensor, and name → ``"sum" | "max"``.

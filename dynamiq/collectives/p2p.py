@@ -77,7 +77,7 @@ class P2PStats:
             fingerprint, plus the metadata values in their float64 containers).
         metadata_bits: The metadata phase's cost as accounted in ``b̄`` (16 bits per BF16
             statistic value, 8 per fp8 one plus a shift byte; see
-            :mod:`dynamiq.collectives.metadata`).
+            :mod:`dynamiq.metadata`).
         seconds: Wall time of the call on this rank.
         stats: The global per-block statistics of the metadata phase (or ``None``).
     """

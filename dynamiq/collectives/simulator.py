@@ -20,8 +20,8 @@ from dynamiq.collectives.engine import (
     local_metadata,
     undo_transforms,
 )
-from dynamiq.collectives.metadata import combine
 from dynamiq.kernels.backend import resolve_backend
+from dynamiq.metadata import combine
 from dynamiq.pipeline import Pipeline, get_pipeline
 
 __all__ = ["SimulationResult", "normalized_bits", "simulate"]

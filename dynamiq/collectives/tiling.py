@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamiq.collectives.engine import Plan, chunk_bounds
-from dynamiq.collectives.topology import Schedule, Transfer
 from dynamiq.pipeline import Pipeline
+from dynamiq.topologies import Schedule, Transfer
 
 __all__ = ["TILE_ELEMS", "Layout", "TiledPlan", "build_layout"]
 

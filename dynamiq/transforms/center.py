@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamiq.collectives.metadata import SUPER_GROUP
+from dynamiq.metadata import SUPER_GROUP
 from dynamiq.transforms.base import TRANSFORMS, Transform
 
 __all__ = ["Center"]

@@ -30,8 +30,9 @@ from dynamiq.codecs.intsum import grid_step
 from dynamiq.codecs.shared_scale import initial_mu
 from dynamiq.collectives import api, p2p
 from dynamiq.collectives.engine import Plan, apply_transforms, local_metadata
-from dynamiq.collectives.metadata import combine, local_statistics
+from dynamiq.collectives.statistics import local_statistics
 from dynamiq.formats import FORMATS
+from dynamiq.metadata import combine
 
 D = 5000  # not a multiple of 256: a partial last block
 

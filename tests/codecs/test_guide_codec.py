@@ -23,7 +23,7 @@ import torch
 
 import dynamiq
 from dynamiq import CODECS, HopContext, get_codec
-from dynamiq.collectives.metadata import local_statistics
+from dynamiq.collectives.statistics import local_statistics
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 if str(EXAMPLES) not in sys.path:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dynamiq import get_quantizer, simulate
-from dynamiq.collectives.metadata import STATISTICS, combine, local_statistics, round_bf16
+from dynamiq.collectives.statistics import local_statistics
+from dynamiq.metadata import STATISTICS, combine, round_bf16
 
 
 def _inputs(n: int, d: int, seed: int, scale: float = 1.0) -> torch.Tensor:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from dynamiq import CODECS, HopContext, PartialSumCodec
-from dynamiq.collectives.metadata import local_statistics
+from dynamiq.collectives.statistics import local_statistics
 from dynamiq.testing import representative_codecs
 
 WRITEBACKS = ("none", "sum", "decoded")

@@ -17,8 +17,9 @@ import torch
 from _parity import WRITEBACKS, assert_same, check_hops, enrolled, metadata_context, vector
 
 from dynamiq import QUANTIZERS, TRANSFORMS, Payload
-from dynamiq.collectives.metadata import STATISTICS, local_statistics
+from dynamiq.collectives.statistics import local_statistics
 from dynamiq.kernels import backend_names
+from dynamiq.metadata import STATISTICS
 
 BACKENDS = [b for b in backend_names() if b not in ("auto", "reference")]
 KEYS = {"seed": 5, "rank": 1, "world_size": 3, "stream": (2, 7), "index_offset": 768}

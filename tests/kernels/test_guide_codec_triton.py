@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("triton")
 
 from dynamiq import HopContext, simulate
-from dynamiq.collectives.metadata import local_statistics
+from dynamiq.collectives.statistics import local_statistics
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 if str(EXAMPLES) not in sys.path:

@@ -24,9 +24,9 @@ pytest.importorskip("triton")
 import triton
 import triton.language as tl
 
-from dynamiq import FORMATS, QUANTIZERS, BlockQuantizer
+from dynamiq import FORMATS, QUANTIZERS, BlockQuantizer, metadata
 from dynamiq import rng as host_rng
-from dynamiq.collectives import metadata
+from dynamiq.collectives.statistics import local_statistics
 from dynamiq.formats import FloatFormat, IntFormat, LevelFormat
 from dynamiq.kernels import backend as kb
 from dynamiq.kernels import triton as ktriton
@@ -383,8 +383,8 @@ def test_statistics_match_metadata_phase():
     y = torch.from_numpy(y)
     names = [n for n in metadata.STATISTICS.names() if metadata.STATISTICS[n].op]
     assert {"sum", "sumsq", "absmax"} <= set(names)
-    want = metadata.local_statistics(names, y)
-    got = metadata.local_statistics(names, y, backend="triton")
+    want = local_statistics(names, y)
+    got = local_statistics(names, y, backend="triton")
     ops = sorted({(metadata.STATISTICS[n].op, metadata.STATISTICS[n].block) for n in names})
     raw_ops = tstats.block_statistics(y, ops)
     for name in names:

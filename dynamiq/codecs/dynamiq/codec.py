@@ -32,7 +32,7 @@ from dynamiq.codecs.dynamiq.options import (
 )
 from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout, gather, scatter
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
-from dynamiq.collectives.metadata import STATISTICS, SUPER_GROUP, metadata_bits
+from dynamiq.metadata import STATISTICS, SUPER_GROUP, metadata_bits
 from dynamiq.quantizers import BlockQuantizer
 from dynamiq.spec import format_call
 
@@ -124,6 +124,13 @@ class DynamiQ(PartialSumCodec):
     super_scale: str = "bf16"
 
     block_size = SUPER_GROUP
+
+    @classmethod
+    def examples(cls) -> list[DynamiQ]:
+        """The default, one fixed width (no allocation, no metadata), and BF16 among the widths
+        with flat scales and plain stochastic rounding."""
+        return [cls(), cls(widths=(4,)),
+                cls(bits=7.0, widths=(2, 4, 8, 16), scales="flat", rounding="stochastic")]
 
     def __post_init__(self) -> None:
         widths, eps = normalise_widths(self.widths, self.eps)

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dynamiq.collectives.metadata import SUPER_GROUP
 from dynamiq.formats import TUNED_EPSILON, EpsilonFormat
+from dynamiq.metadata import SUPER_GROUP
 from dynamiq.quantizers import BlockQuantizer
 
 if TYPE_CHECKING:

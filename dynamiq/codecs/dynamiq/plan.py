@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dynamiq.codecs.base import _triton_launchers
 from dynamiq.codecs.dynamiq.options import CodingOption
-from dynamiq.collectives.metadata import SUPER_GROUP
+from dynamiq.kernels import get_backend
+from dynamiq.metadata import SUPER_GROUP
 
 __all__ = ["ChunkLayout", "WidthPlan", "chunk_layout", "gather", "scatter"]
 
@@ -139,14 +139,7 @@ def gather(x: torch.Tensor, lay: ChunkLayout, backend: str) -> torch.Tensor:
         A new float32 ``[sgs * SUPER_GROUP]`` tensor on ``x``'s device, equivalent to
         ``pad(x).view(sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)`` (zero padded).
     """
-    if backend == "triton":
-        return _triton_launchers().gather_rows(x, lay.device_order(x.device), SUPER_GROUP)
-    full = lay.sgs * SUPER_GROUP
-    if x.numel() == full:
-        return x.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
-    pad = torch.zeros(full, dtype=torch.float32)
-    pad[: x.numel()] = x
-    return pad.view(lay.sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)
+    return get_backend(backend).gather_rows(x, lay.device_order(x.device), SUPER_GROUP)
 
 
 def scatter(src: torch.Tensor, out: torch.Tensor, lay: ChunkLayout, add: bool,
@@ -160,22 +153,5 @@ def scatter(src: torch.Tensor, out: torch.Tensor, lay: ChunkLayout, add: bool,
         lay: The chunk's layout.
         backend: The hop's resolved backend name.
     """
-    if backend == "triton":
-        _triton_launchers().scatter_rows(src, lay.device_order(out.device), out, add,
-                                         SUPER_GROUP)
-        return
-    rows = src.view(lay.sgs, SUPER_GROUP)
-    n = out.numel()
-    if n == lay.sgs * SUPER_GROUP:
-        dst = out.view(lay.sgs, SUPER_GROUP)
-        if add:
-            dst.index_add_(0, lay.order, rows)
-        else:
-            dst.index_copy_(0, lay.order, rows)
-        return
-    full = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32)
-    full.view(lay.sgs, SUPER_GROUP).index_copy_(0, lay.order, rows)
-    if add:
-        out.add_(full[:n])
-    else:
-        out.copy_(full[:n])
+    get_backend(backend).scatter_rows(src, lay.device_order(out.device), out, add,
+                                      SUPER_GROUP)

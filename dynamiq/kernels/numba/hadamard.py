@@ -9,8 +9,9 @@ is cut into consecutive blocks of ``block`` elements, and every block is rotated
 ``norm`` is the float32 value of ``1/sqrt(block)`` (:func:`dynamiq.kernels.abi.rht_norm`) and
 ``d`` is a ±1 diagonal drawn from the counter-based RNG: ``d_i = +1`` if
 ``hash_u32(k0, k1, i) & 1 == 0`` else ``-1``, where ``i`` is the *global* element index
-(position in the whole vector, not in the block). Because ``FWHT`` is the Sylvester Hadamard matrix ``H`` (``H @ H == block * I``), the
-inverse undoes the forward transform exactly in real arithmetic.
+(position in the whole vector, not in the block). Because ``FWHT`` is the Sylvester Hadamard
+matrix ``H`` (``H @ H == block * I``), the inverse undoes the forward transform exactly in real
+arithmetic.
 
 Arithmetic contract (another backend, e.g. a Triton kernel, must follow it to match bit for bit):
 

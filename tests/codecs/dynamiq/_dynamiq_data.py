@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from dynamiq.codecs.dynamiq import DynamiQ
-from dynamiq.collectives.metadata import SUPER_GROUP
+from dynamiq.metadata import SUPER_GROUP
 
 SG = SUPER_GROUP
 

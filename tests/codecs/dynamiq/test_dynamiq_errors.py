@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from dynamiq.codecs.dynamiq import DynamiQ, measured_error, width_options
-from dynamiq.collectives.metadata import SUPER_GROUP as SG
+from dynamiq.metadata import SUPER_GROUP as SG
 
 
 def test_construction_measures_nothing_until_first_use():

@@ -18,8 +18,8 @@ from dynamiq import formats
 from dynamiq.codecs import get_codec
 from dynamiq.codecs.dynamiq import ALLOWED_WIDTHS, BF16_WIDTH, TUNED_EPSILON, DynamiQ
 from dynamiq.codecs.dynamiq.options import as_tuple, build_options
-from dynamiq.collectives.metadata import SUPER_GROUP as SG
 from dynamiq.formats import DEFAULT_EPSILON, FORMATS, EpsilonFormat
+from dynamiq.metadata import SUPER_GROUP as SG
 from dynamiq.pipeline import Pipeline
 
 

@@ -11,12 +11,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dynamiq import Passthrough, Pipeline, simulate
-from dynamiq.collectives.metadata import (
+from dynamiq.collectives.statistics import local_statistics
+from dynamiq.metadata import (
     STATISTICS,
     SUPER_GROUP,
     Statistic,
     combine,
-    local_statistics,
     metadata_bits,
     round_bf16,
     round_fp8,

@@ -24,10 +24,11 @@ exchange, additive ones to nearest, maxima upwards so that they stay bounds:
   The statistics DynamiQ's allocation and centering need are well served by 8 bits (a
   relative error of at most 1/16), at half the cost.
 
-The exchange carries the values in float64 containers, where the sum of ``n`` such values is
-exact unless their exponents span more than 45 binades; so every executor (and every order of
-summation) obtains the same global values. The wire cost is accounted per format
-(:func:`metadata_bits`).
+Each rank takes its values with :func:`dynamiq.collectives.statistics.local_statistics` (on the
+kernel backend of the vector's device). The exchange carries the values in float64 containers,
+where the sum of ``n`` such values is exact unless their exponents span more than 45 binades;
+so every executor (and every order of summation) obtains the same global values. The wire cost
+is accounted per format (:func:`metadata_bits`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamiq.kernels import backend_for
 from dynamiq.registry import Registry
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "SUPER_GROUP",
     "Statistic",
     "combine",
-    "local_statistics",
     "metadata_bits",
     "round_bf16",
     "round_bf16_shifted",
@@ -247,46 +246,6 @@ def round_fp8(t: torch.Tensor, exponents: int = 16, keep_nonzero: bool = False) 
     if keep_nonzero:
         r = torch.where((r == 0) & (t != 0), torch.sign(t) * step, r)
     return torch.where(finite, r, t)
-
-
-def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto"
-                     ) -> dict[str, torch.Tensor]:
-    """This rank's statistics as they travel: name → float64 ``[blocks]`` of wire values.
-
-    ``y`` (float32, 1-D) is zero-padded to whole blocks; sums are taken in float64 and then
-    rounded to the statistic's wire format (:meth:`Statistic.round`; maxima upwards), one
-    rounding for every backend.
-
-    Args:
-        names: Statistic names in :data:`STATISTICS`.
-        y: float32 ``[n]``.
-        backend: The kernel backend (``"auto"``: by ``y``'s device) that takes the statistics
-            with an :attr:`Statistic.op`; the others are taken by torch on the CPU. Maxima
-            agree exactly across backends; a sum may differ from torch's only when its float64
-            value lies within about ``1e-13`` relative of a rounding boundary of its wire
-            format.
-
-    Returns:
-        name → float64 ``[blocks]`` on the CPU.
-    """
-    names = list(names)
-    ops = sorted({(STATISTICS[n].op, STATISTICS[n].block) for n in names
-                  if STATISTICS[n].op is not None})
-    raw = backend_for(backend, y).block_statistics(y, ops) if ops else {}
-    out = {}
-    y64 = None
-    for name in names:
-        st = STATISTICS[name]
-        if st.op is not None:
-            out[name] = st.round(raw[(st.op, st.block)])
-            continue
-        if y64 is None:
-            y64 = y.detach().to(device="cpu", dtype=torch.float64)
-        nb = st.blocks(y64.numel())
-        g = torch.zeros(nb * st.block, dtype=torch.float64)
-        g[: y64.numel()] = y64
-        out[name] = st.round(st.local(g.view(nb, st.block)))
-    return out
 
 
 def combine(per_rank: list[Mapping[str, torch.Tensor]], reduces: Mapping[str, str] | None = None
