@@ -179,7 +179,7 @@ PIPELINES.register(
 # keeps the paper's exact choices (widths {2, 4, 8}, 4^-w error model, ε from the authors'
 # range, groups of 16, BF16 metadata, no dithering).
 # Both centre through the metadata phase and spend 5 bits/coordinate.
-_PAPER = DynamiQ(widths="2/4/8", allocator="paper", eps="0.25/0.19/0.09", group_size=16,
+_PAPER = DynamiQ(widths=(2, 4, 8), allocator="paper", eps=(0.25, 0.19, 0.09), group_size=16,
                  dither=False, metadata="bf16")
 _CENTER_BF16 = Center(statistic="sum")
 PIPELINES.register("dynamiq", Pipeline(DynamiQ(), "ring", transforms=(Center(),)))

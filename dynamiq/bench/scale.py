@@ -59,7 +59,7 @@ def scale_pipelines(budgets: Sequence[float], topology: str) -> list[tuple[str, 
     from dynamiq.pipeline import get_pipeline
 
     out = [(f"dynamiq {b:g}b",
-            Pipeline.parse(f"center+dynamiq(bits={float(b)},widths=2/3/4/5/6/7/8/16)@{topology}"))
+            Pipeline.parse(f"center+dynamiq(bits={float(b)},widths=(2,3,4,5,6,7,8,16))@{topology}"))
            for b in budgets]
     mx = get_pipeline("mxfp8")
     out.append(("mxfp8", dataclasses.replace(mx, topology=topology)))

@@ -283,7 +283,7 @@ def test_codec_options_are_the_ones_modelled_here():
                                  super_scale="bf16"), PAPER)):
         got = codec.width_options
         assert [(o.width, o.cost) for o in got] == [(o.width, o.cost) for o in want]
-        # measured errors are float64 sums whose last bit may depend on the thread count
+        # the constants come from a parallel float64 sum, the codec's errors from exact sums
         assert [o.error for o in got] == pytest.approx([o.error for o in want], rel=1e-12)
 
 

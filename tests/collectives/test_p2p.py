@@ -31,6 +31,10 @@ class _StatsProbe(Passthrough):
 
     statistics = ("absmax", "sum", "sumsq")
 
+    @classmethod
+    def examples(cls) -> list:
+        return [cls()]  # one instance: its spec does not carry the wire
+
     def spec(self) -> str:
         return "test_p2p_stats_probe"
 

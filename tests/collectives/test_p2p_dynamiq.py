@@ -42,7 +42,7 @@ TILE = 512  # two super-groups per message
 PIPES = {
     "ring": "center+dynamiq@ring",
     "butterfly": "center+dynamiq@butterfly",
-    "bf16": "center+dynamiq(widths=2/4/8/16,bits=6)@ring",
+    "bf16": "center+dynamiq(widths=(2,4,8,16),bits=6)@ring",
 }
 BUDGET = {"ring": 5.0, "butterfly": 5.0, "bf16": 6.0}
 TILED_CALL = 7

@@ -165,7 +165,7 @@ def test_sparse_selections_and_small_tiles(small_tiles, pattern):
 
 @pytest.mark.parametrize("choice", [[2, 0, 1, 0, 2], [0, 3, 3, 1, 0], [3, 2, 1, 0, 0], [1]])
 def test_dynamiq_width_plans_and_small_tiles(small_tiles, choice):
-    codec = DynamiQ(bits=7.0, widths="2/4/8/16", group_size=32)
+    codec = DynamiQ(bits=7.0, widths=(2, 4, 8, 16), group_size=32)
     sgs = len(choice)
     n = (sgs - 1) * 256 + 100  # the partial super-group takes the chosen width, whatever it is
     plan = WidthPlan(np.array([0, *choice], dtype=np.int64), codec.width_list, 0.0, 0.0)

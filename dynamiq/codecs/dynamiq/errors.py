@@ -7,6 +7,7 @@ built, and once per quantizer per process.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -34,8 +35,9 @@ def measured_error(q: BlockQuantizer | None) -> float:
         q: The quantizer, or ``None`` for BF16 (round to nearest even).
 
     Returns:
-        ``Σ (x̂ − x)² / Σ x²`` in float64 over 2^16 standard normal float32 values (fixed seed;
-        random-number seed 1 for the quantizer).
+        ``Σ (x̂ − x)² / Σ x²`` over 2^16 standard normal float32 values (fixed seed;
+        random-number seed 1 for the quantizer), the squares in float64 and their sums
+        correctly rounded (:func:`math.fsum`).
     """
     g = torch.Generator().manual_seed(_SEED)
     x = torch.randn(_SAMPLES, generator=g)
@@ -43,7 +45,10 @@ def measured_error(q: BlockQuantizer | None) -> float:
         y = x.to(torch.bfloat16).float()
     else:
         y = q.decode(q.encode(x, seed=1), seed=1)
-    return float(((y.double() - x.double()) ** 2).sum() / (x.double() ** 2).sum())
+    # exact sums: a parallel reduction's last bit follows the thread count at the time of the
+    # first prepare, and every rank must derive the same allocation whatever its thread count
+    err = math.fsum(((y.double() - x.double()) ** 2).tolist())
+    return err / math.fsum((x.double() ** 2).tolist())
 
 
 def width_options(options: Sequence[CodingOption], allocator: str) -> list[WidthOption]:
