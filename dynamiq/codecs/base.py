@@ -213,6 +213,25 @@ class PartialSumCodec:
         return self.spec()
 
 
+class DecodeHops:
+    """``decompress`` and ``decompress_accumulate`` of a codec whose one decoder
+    ``_decode(data, out, ctx, accumulate)`` writes (or, with ``accumulate``, adds) the decoded
+    chunk into ``out``."""
+
+    def _decode(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None,
+                accumulate: bool) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def decompress(self, data, out, ctx=None):
+        """Decode into the float32 ``out`` ``[n]``."""
+        self._decode(data, out, ctx, False)
+        return out
+
+    def decompress_accumulate(self, data, acc, ctx=None):
+        """``acc += decompress(data)`` (one float32 add per coordinate)."""
+        self._decode(data, acc, ctx, True)
+
+
 def hop_kernels(ctx: HopContext | None, t: torch.Tensor) -> Backend:
     """The kernel backend of a hop on tensor ``t``.
 

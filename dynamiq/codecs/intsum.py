@@ -50,6 +50,7 @@ import torch
 
 from dynamiq.codecs.base import (
     CODECS,
+    DecodeHops,
     HopContext,
     PartialSumCodec,
     _check_chunk,
@@ -104,7 +105,7 @@ def grid_step(scale: float, half_levels: int, bits: int) -> float:
 
 @CODECS.register("intsum")
 @dataclass(frozen=True)
-class IntSum(PartialSumCodec):
+class IntSum(DecodeHops, PartialSumCodec):
     """THC's homomorphic integer sums: leaves round stochastically, hops add integers exactly.
 
     Use after an ``rht`` transform (pipeline ``thc``). Equivalent to every rank sending
@@ -239,15 +240,6 @@ class IntSum(PartialSumCodec):
         plan = self._plan(ctx)
         data = check_message(data, -(-out.numel() * plan.bits // 8))
         hop_kernels(ctx, out).intsum_decode(data, plan.step, plan.bits, out, accumulate)
-
-    def decompress(self, data, out, ctx=None):
-        """Decode into the float32 ``out`` ``[n]``: ``W * step`` (exact)."""
-        self._decode(data, out, ctx, False)
-        return out
-
-    def decompress_accumulate(self, data, acc, ctx=None):
-        """``acc += decompress(data)`` (one float32 add per coordinate)."""
-        self._decode(data, acc, ctx, True)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` in one pass."""

@@ -46,6 +46,7 @@ import torch
 
 from dynamiq.codecs.base import (
     CODECS,
+    DecodeHops,
     HopContext,
     PartialSumCodec,
     _check_chunk,
@@ -96,7 +97,7 @@ class SharedScalePlan:
 
 @CODECS.register("shared_scale")
 @dataclass(frozen=True)
-class SharedScale(PartialSumCodec):
+class SharedScale(DecodeHops, PartialSumCodec):
     """MX-style partial sums: minifloat elements under a shared per-block scale from the metadata.
 
     Equivalent, at every hop, to ``cast_rne_saturate((acc + decode(msg)) / scale) * scale``
@@ -299,15 +300,6 @@ class SharedScale(PartialSumCodec):
         hop_kernels(ctx, out).shared_decode(self._code, check_message(data, self.wire_bytes(n)),
                                             self._block_scales(n, ctx, out.device), self.block,
                                             out, accumulate)
-
-    def decompress(self, data, out, ctx=None):
-        """Decode into the float32 ``out`` ``[n]``: ``code value * block scale``."""
-        self._decode(data, out, ctx, False)
-        return out
-
-    def decompress_accumulate(self, data, acc, ctx=None):
-        """``acc += decompress(data)`` (one float32 add per coordinate)."""
-        self._decode(data, acc, ctx, True)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` in one pass, with the same block scales."""

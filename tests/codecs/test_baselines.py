@@ -162,7 +162,7 @@ def test_registered_pipeline_strings():
 
 
 # ================================================================ the hop operations, prepared
-# (tests/test_codecs.py checks them outside a collective, where no plan exists)
+# (tests/codecs/test_registered_codecs.py checks them outside a collective, where no plan exists)
 PREPARED = [SharedScale(), SharedScale("e3m2"), SharedScale("e2m1", 16, "e4m3"), IntSum(),
             Sparse(4.0)]
 

@@ -5,9 +5,9 @@ tests/kernels/test_guide_codec_triton.py).
 
 The example registers ``skip_zeros`` when it is imported. It is imported here once, by module
 name, at collection time: Python runs a module once per process, so the registration happens
-once, before any test runs (the guide's own test finds it registered and leaves it alone), and the
-shared codec tests collected after this folder (tests/test_codecs.py, the backend-parity tests)
-enrol it too.
+once, before any test runs (the guide's own test finds it registered and leaves it alone), and
+the shared codec tests collected after this file (tests/codecs/test_registered_codecs.py, the
+backend-parity tests) enrol it too.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def vector(n: int, seed: int, specials: bool = True) -> torch.Tensor:
 def metadata_context(codec: PartialSumCodec, n: int, rank: int, offset: int = 512,
                      world: int = 3) -> HopContext:
     """A hop of a collective: the codec's statistics and prepared decision for a vector that
-    ends with this chunk (as tests/test_codecs.py builds them)."""
+    ends with this chunk (as tests/codecs/test_registered_codecs.py builds them)."""
     length = offset + n
     full = vector(length, 99, specials=False)
     stats = local_statistics(codec.statistics, full)

@@ -176,8 +176,15 @@ class Workload:
     def _compute(
         self, world_size: int, points: tuple[int, ...], *, seed: int, progress: Progress
     ) -> dict[int, torch.Tensor]:
-        """Produce ``{point: float32 [world_size, d]}`` for the given points (no caching)."""
-        raise NotImplementedError
+        """Produce ``{point: float32 [world_size, d]}`` for the given points (no caching).
+
+        Training workloads implement ``train`` with this signature, which is what runs by
+        default; synthetic ones override this method.
+        """
+        train = getattr(self, "train", None)
+        if train is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither _compute nor train")
+        return train(world_size, points, seed=seed, progress=progress)
 
 
 _default_cache_dir = cache_dir  # gradients() shadows the name with its argument

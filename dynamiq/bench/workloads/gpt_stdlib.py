@@ -271,10 +271,5 @@ class GptStdlib(Workload):
             on_point=point_cb,
         )
 
-    def _compute(
-        self, world_size: int, points: tuple[int, ...], *, seed: int, progress: Progress
-    ) -> dict[int, torch.Tensor]:
-        return self.train(world_size, points, seed=seed, progress=progress)
-
 
 WORKLOADS.register("gpt-stdlib", GptStdlib())

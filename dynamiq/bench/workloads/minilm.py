@@ -325,10 +325,5 @@ class MiniLMMLM(Workload):
                 on_step=on_step,
             )
 
-    def _compute(
-        self, world_size: int, points: tuple[int, ...], *, seed: int, progress: Progress
-    ) -> dict[int, torch.Tensor]:
-        return self.train(world_size, points, seed=seed, progress=progress)
-
 
 WORKLOADS.register("minilm-mlm", MiniLMMLM())
