@@ -91,3 +91,18 @@ def test_metadata_statistics_match_the_reference(backend):
         w, g = want[name], got[name]
         assert torch.equal(w.isnan(), g.isnan()), name
         assert torch.equal(w.nan_to_num(7.0), g.nan_to_num(7.0)), name
+
+
+def test_every_registered_pipeline_simulates_to_the_reference_bits():
+    """Whole all-reductions, every registered pipeline: the Numba backend's results and bytes
+    equal the reference backend's (Triton's equal Numba's: test_triton_codecs.py)."""
+    import dynamiq.baselines  # noqa: F401  (registers the baseline pipelines)
+    from dynamiq import PIPELINES, simulate
+
+    for k, name in enumerate(PIPELINES.names()):
+        world = 4 if "hier" in name or "butterfly" in name else 3
+        xs = [vector(1100, 20 + 7 * k + r, specials=False) for r in range(world)]
+        want = simulate(name, xs, backend="reference", track_hops=False)
+        got = simulate(name, xs, backend="numba", track_hops=False)
+        assert_same(got.results, want.results, f"{name} results")
+        assert got.bytes_sent == want.bytes_sent, name
