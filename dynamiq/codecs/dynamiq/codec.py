@@ -57,9 +57,9 @@ class DynamiQ(PartialSumCodec):
             BF16).
         widths: Candidate widths, e.g. ``(2, 4, 8)`` (the paper's set); values in 2–8 and 16
             (BF16), kept increasing. Also accepted: one width, a list, or the text ``"2/4/8"``.
-            The default ``(2, 3, 4, 5, 6, 7, 8)`` measured about 2× lower error than
-            ``(2, 4, 8)`` at equal bits. A single width in a single group size (one option)
-            disables the allocation (and its metadata).
+            The default ``(2, 3, 4, 5, 6, 7, 8)`` gives the allocation finer steps than the
+            paper's set (measured in docs/method.rst). A single width in a single group size
+            (one option) disables the allocation (and its metadata).
         eps: ε per width (same order as ``widths``, reordered with them); empty for
             :data:`~dynamiq.formats.TUNED_EPSILON`. Ignored for ``levels="uniform"`` and width
             16.
@@ -74,23 +74,22 @@ class DynamiQ(PartialSumCodec):
             ``(32, 64)``, kept increasing: every width is then offered with each, and the
             allocation picks one (width, group size) option per super-group, which refines its
             steps from 256 to 32 bits per super-group. The paper uses 16; 32 halves the scales'
-            cost and measured 10–15 % lower error at equal bits on both real-gradient
-            workloads; the default ``(32, 64)`` a further 4 % (gpt-stdlib).
+            cost, and the default ``(32, 64)`` lets the allocation trade scales for width
+            (measured in docs/method.rst).
         scale_rounding: How hierarchical group scales are rounded to UINT8: ``"stochastic"``
             (the paper: unbiased scale, elements normalised by the exact group max) or
             ``"up"`` (never below the group max, elements normalised by the rounded scale:
             also unbiased, without the scale's multiplicative noise).
         dither: Subtractive dithering (``BlockQuantizer.dither``): every receiver regenerates
             the uniforms the sender rounded with and removes most of the rounding noise,
-            still unbiased, at no cost on the wire. Measured about 1.6× lower vNMSE on the
-            real-gradient workloads; ``False`` is plain stochastic (or correlated) rounding,
-            the paper's.
+            still unbiased, at no cost on the wire (measured in docs/method.rst); ``False`` is
+            plain stochastic (or correlated) rounding, the paper's.
         dither_min_width: Narrowest dithered width; narrower ones round stochastically. The
             dither's noise is the same for every element of a group, proportional to the
             group's maximum, so along a chain of hops it feeds back through the next hop's
             maximum and grows by about ``1 + 6κ²/12`` per hop (1.5 at width 2, 1.05 at 3, 1.009
-            at 4): dithering widths 2 and 3 diverged on 64-rank rings, from 4 on it stays
-            stable (measured up to 128 ranks, 1.8× lower vNMSE than no dithering there).
+            at 4): widths 2 and 3 are too coarse to dither along long chains, from 4 on the
+            growth is negligible (measurements in docs/method.rst).
         metadata: Precision of the two statistics of the metadata phase: ``"fp8"`` (8 bits
             each, ``csumsq8``/``sum8``: 0.0625 bits/coordinate with a sum-of-squares for the
             allocation and a sum for centering, whose 1/16 relative precision costs nothing
@@ -99,8 +98,8 @@ class DynamiQ(PartialSumCodec):
         super_scale: Format of the hierarchical super-group scale, rounded up: ``"bf16"``
             (16 bits, the paper's) or ``"e8m0"`` (a power of two, 8 bits: it saves 1/32
             bit/coordinate but halves the relative resolution of the UINT8 group scales below
-            it; at 5 bits/coordinate it measured 2.6 % lower vNMSE on gpt-stdlib and 22 %
-            higher on minilm-mlm, so it is not the default).
+            it; it helped one real-gradient workload and hurt the other, so it is not the
+            default).
 
     Raises:
         ValueError: a value out of range, or ``bits`` below what the cheapest option costs
