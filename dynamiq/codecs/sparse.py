@@ -96,11 +96,6 @@ class SparsePlan:
             self._chunks[key] = None if bool(sel.all()) else Selection(sel.clone(), n, BLOCK)
         return self._chunks[key]
 
-    def index(self, offset: int, n: int) -> torch.Tensor:
-        """int64 chunk-local indices of the selected coordinates of ``[offset, offset + n)``."""
-        sel = self.selection(offset, n)
-        return torch.arange(n) if sel is None else sel.index()
-
 
 @CODECS.register("sparse")
 @dataclass(frozen=True)

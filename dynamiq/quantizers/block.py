@@ -205,6 +205,16 @@ class BlockQuantizer:
         if device is not None and out.device != device:
             raise ValueError(f"out is on {out.device}, expected {device} (the input's device)")
 
+    def _check_payload(self, payload: Payload) -> int:
+        """``payload.n``, once ``payload`` is checked to be this quantizer's, of the right size."""
+        if payload.quantizer != self:
+            raise ValueError("payload was written by a different quantizer")
+        n = payload.n
+        if payload.data.numel() != self.nbytes(n):
+            raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
+                             f"got {payload.data.numel()}")
+        return n
+
     def _check_input(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
@@ -288,12 +298,7 @@ class BlockQuantizer:
         Returns:
             float32 tensor of ``payload.n`` elements.
         """
-        if payload.quantizer != self:
-            raise ValueError("payload was written by a different quantizer")
-        n = payload.n
-        if payload.data.numel() != self.nbytes(n):
-            raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
-                             f"got {payload.data.numel()}")
+        n = self._check_payload(payload)
         data = self._expand(payload.data, n)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         be = backend_for(backend, data)
@@ -347,12 +352,7 @@ class BlockQuantizer:
             ``encode(acc + decode(payload, <encoder keys>), ...)`` bit for bit.
         """
         wb = Writeback.parse(writeback)
-        if payload.quantizer != self:
-            raise ValueError("payload was written by a different quantizer")
-        n = payload.n
-        if payload.data.numel() != self.nbytes(n):
-            raise ValueError(f"payload of {n} coordinates must have {self.nbytes(n)} bytes, "
-                             f"got {payload.data.numel()}")
+        n = self._check_payload(payload)
         if (not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.dim() != 1
                 or not acc.is_contiguous() or acc.numel() != n):
             raise ValueError(f"acc must be a contiguous float32 tensor of {n} elements")
