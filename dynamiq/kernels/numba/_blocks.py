@@ -6,10 +6,33 @@ markers; importing it directly gives the variant below (8-bit elements, groups o
 what linters and readers see. Numba compiles module constants as literals, so every branch on
 them below is resolved at compile time.
 
+Each kernel covers ``nblocks`` whole blocks of one array, the ``b0``-th block of the stream
+onwards (the host calls it a second time for a zero-padded partial last block). The work is
+cut into *tasks* of whole blocks (about 4096 coordinates, so a task's scratch stays in the
+first-level cache) that run in parallel. Within a task every per-element pass is a loop
+without loop-carried state, which LLVM vectorises:
+
+1. unpack the codes into one byte (or 16-bit word) per element,
+2. decode them under the per-group scales (and add, for a hop),
+3. compute the new scales block by block, writing each element's normalised value,
+4. code every element, from its normalised value alone,
+5. pack the codes.
+
+What keeps these loops vectorised (checked in the generated code):
+
+* the parallel loop's body is the whole task and its arrays are the kernel's arguments, never
+  aliases of each other, so Numba marks them ``noalias`` and LLVM needs no overlap checks;
+* indices are unsigned (``uint64``): Numba adds a negative-index wrap-around to every signed
+  index, and that select defeats the vectoriser;
+* per-group loops run to a runtime trip count (``consts[12]``, the group size), so LLVM
+  vectorises them instead of unrolling them into scalar code;
+* element tables of at most 16 levels are searched by compares rather than gathers.
+
 Runtime arguments (see :mod:`dynamiq.kernels.numba.blocks`): ``tables``, ``consts``, ``rand``
-tuples; byte streams ``codes``, ``scales``, ``supers``; whole blocks live in
-``x``/``out``/``acc`` and the partial last block (if any) in ``tail``.
+tuples; byte streams ``codes``, ``scales``, ``supers``.
 """
+
+import math
 
 import numba as nb
 import numpy as np
@@ -43,321 +66,277 @@ UBYTES = 1
 DITHER = False
 # --- end spec ---
 
+U = np.uint64
 GPB = BLOCK // GROUP  # groups per block
-GBYTES = GROUP * BITS // 8  # code bytes per group
-PER = 8 // BITS if 8 % BITS == 0 else 0  # codes per byte when codes do not straddle bytes
-CMASK = np.uint64((1 << BITS) - 1)
-CHUNK = max(1, 4096 // BLOCK)  # blocks per parallel task (amortises scratch allocation)
+TASK = max(1, 4096 // BLOCK)  # blocks per parallel task
+TN = TASK * BLOCK  # coordinates per task
+TG = TASK * GPB  # groups per task
+CHAIN = MBITS <= 4  # search the element levels by compares (at most 16 levels)
+# Codes are packed PACK at a time into PACK * BITS / 8 whole bytes (LSB first); widths whose
+# unit would not fit a 64-bit word fall back to a serial bit stream.
+PACK = 8 // math.gcd(BITS, 8)
+PBYTES = PACK * BITS // 8
+WORDS = PACK * BITS <= 64 and BLOCK % PACK == 0
+CODE_T = np.uint8 if BITS <= 8 else np.uint16
+MMASK = U((1 << BITS) - 1)
+CBYTES = BLOCK * BITS // 8  # code bytes per block
 TINY = np.float32(2.0**-64)  # normalisers below this are lifted before inversion
 LIFT = np.float32(2.0**64)
 
 
 @nb.njit(inline="always", cache=True)
-def encode_group(src, base, gidx0, inv, pre, codes, cpos, tables, consts, rand, cb):
-    """Code ``src[base:base+GROUP]`` (normalised: ``(x * pre) * inv``); pack at ``codes[cpos:]``.
-
-    Codes are first computed into the scratch ``cb`` by a loop free of loop-carried state (so
-    the compiler can vectorise it, gathers included), then packed.
-    """
-    etab, lut = tables[0], tables[1]
-    enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
-    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-    for j in range(GROUP):
-        cb[j] = element_code(src[base + j] * pre, inv, etab, enfin, lut, lshift, lkey0, llen,
-                             MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-    if PER == 1:
-        for k in range(GROUP):
-            codes[cpos + k] = np.uint8(cb[k])
-    elif PER > 1:
-        for k in range(GBYTES):
-            acc = np.uint32(0)
-            for t in range(PER):
-                acc |= cb[k * PER + t] << np.uint32(t * BITS)
-            codes[cpos + k] = np.uint8(acc)
+def pack(cb, n, codes, c0):
+    """Pack the codes ``cb[:n]`` into ``codes[c0:]`` (``n`` whole blocks)."""
+    if PACK == 1 and BITS == 8:
+        for j in range(n):
+            codes[c0 + U(j)] = cb[j]
+    elif WORDS:
+        for k in range(n // PACK):
+            ku = U(k)
+            w = U(0)
+            for t in range(PACK):
+                w |= U(cb[ku * U(PACK) + U(t)]) << U(t * BITS)
+            for q in range(PBYTES):
+                codes[c0 + ku * U(PBYTES) + U(q)] = np.uint8((w >> U(8 * q)) & U(0xFF))
     else:
-        acc = np.uint64(0)
+        acc = U(0)
         nacc = 0
-        pos = cpos
-        for j in range(GROUP):
-            acc |= np.uint64(cb[j]) << np.uint64(nacc)
+        pos = c0
+        for j in range(n):
+            acc |= U(cb[j]) << U(nacc)
             nacc += BITS
             while nacc >= 8:
-                codes[pos] = np.uint8(acc & np.uint64(0xFF))
-                acc >>= np.uint64(8)
+                codes[pos] = np.uint8(acc & U(0xFF))
+                acc >>= U(8)
                 nacc -= 8
-                pos += 1
+                pos += U(1)
 
 
 @nb.njit(inline="always", cache=True)
-def byte_codes(src, s0, k, ginv, gpre, gkeep, g0, etab, lut, enfin, lshift, lkey0, llen,
-               k0, k1, p0, p1, rank, world, gidx0):
-    """The ``PER`` codes packed in byte ``k`` of the span starting at ``src[s0]``.
-
-    Element ``j`` of the span belongs to group ``g0 + j // GROUP``, is normalised by
-    ``(x * gpre) * ginv`` of that group and coded as 0 when the group's ``gkeep`` is 0. Arrays
-    come as separate arguments (not inside tuples): a parallel loop then knows they do not
-    alias, which is what lets the compiler vectorise it.
-    """
-    if PER == 1:  # no inner loop: keeps the callers' loops vectorisable
-        g = g0 + k // GROUP
-        c = element_code(src[s0 + k] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0, llen,
-                         MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + k)
-        return np.uint8(c * gkeep[g])
-    acc = np.uint32(0)
-    for t in range(PER):
-        j = k * PER + t
-        g = g0 + j // GROUP
-        c = element_code(src[s0 + j] * gpre[g], ginv[g], etab, enfin, lut, lshift, lkey0, llen,
-                         MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-        acc |= (c * gkeep[g]) << np.uint32(t * BITS)
-    return np.uint8(acc)
-
-
-@nb.njit(inline="always", cache=True)
-def group_codes(src, s0, q, ginv, gpre, gkeep, g0, codes, c0, tables, consts, rand, gidx0, cb):
-    """Codes of group ``q`` of the span at ``src[s0]`` for widths that straddle bytes."""
-    g = g0 + q
-    pos = c0 + q * GBYTES
-    encode_group(src, s0 + q * GROUP, gidx0 + q * GROUP, ginv[g], gpre[g], codes, pos, tables,
-                 consts, rand, cb)
-    if gkeep[g] == 0:
-        for k in range(GBYTES):
-            codes[pos + k] = 0
-
-
-@nb.njit(inline="always", cache=True)
-def code_span(src, s0, count, ginv, gpre, gkeep, g0, codes, c0, tables, consts, rand, gidx0,
-              cb):
-    """Element codes of ``src[s0:s0+count]`` (whole groups) into ``codes[c0:]`` (serially)."""
-    if PER > 0:
-        etab, lut = tables[0], tables[1]
-        enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
-        k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-        for k in range(count // PER):
-            codes[c0 + k] = byte_codes(src, s0, k, ginv, gpre, gkeep, g0, etab, lut, enfin,
-                                       lshift, lkey0, llen, k0, k1, p0, p1, rank, world, gidx0)
+def unpack(codes, c0, n, cb):
+    """Inverse of :func:`pack`: the ``n`` codes at ``codes[c0:]`` into ``cb[:n]``."""
+    if PACK == 1 and BITS == 8:
+        for j in range(n):
+            cb[j] = codes[c0 + U(j)]
+    elif WORDS:
+        for k in range(n // PACK):
+            ku = U(k)
+            w = U(0)
+            for q in range(PBYTES):
+                w |= U(codes[c0 + ku * U(PBYTES) + U(q)]) << U(8 * q)
+            for t in range(PACK):
+                cb[ku * U(PACK) + U(t)] = CODE_T((w >> U(t * BITS)) & MMASK)
     else:
-        for q in range(count // GROUP):
-            group_codes(src, s0, q, ginv, gpre, gkeep, g0, codes, c0, tables, consts, rand,
-                        gidx0, cb)
+        acc = U(0)
+        nacc = 0
+        pos = c0
+        for j in range(n):
+            while nacc < BITS:
+                acc |= U(codes[pos]) << U(nacc)
+                pos += U(1)
+                nacc += 8
+            cb[j] = CODE_T(acc & MMASK)
+            acc >>= U(BITS)
+            nacc -= BITS
 
 
-@nb.njit(cache=True)
-def block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep, goff):
-    """Scales of block ``b`` (elements ``src[base:base+BLOCK]``), and how to code its elements.
+@nb.njit(inline="always", cache=True)
+def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
+    """Decoded scale of every group of stream blocks ``b0 .. b0+nb_`` into ``sv``."""
+    for i in range(nb_):
+        b = b0 + U(i)
+        parent = np.float32(1.0)
+        if HIER:
+            parent = decode_scale(load_word(supers, b * U(UBYTES), UBYTES), UKIND, udec)
+        for gi in range(GPB):
+            g = b * U(GPB) + U(gi)
+            s = decode_scale(load_word(scales, g * U(SBYTES), SBYTES), SKIND, sdec)
+            sv[i * GPB + gi] = parent * s if HIER else s
 
-    Writes the super-group and group scale codes, and for each group ``gi`` of the block the
-    element normalisation ``(x * gpre) * ginv`` and ``gkeep`` (0 for a group whose codes must be
-    zero because the group or its block holds NaN/Inf) at index ``goff + gi``.
+
+@nb.njit(inline="always", cache=True)
+def decode_codes(cb, sv, ng, gsize, dst, d0, accumulate, edec, kap, rand, gidx0):
+    """``dst[d0:d0 + ng*gsize] (+)= decode(cb)`` under the group scales ``sv[:ng]``.
+
+    ``rand`` is the encoder's: a dithered decoder regenerates the uniform each element was
+    rounded with.
+    """
+    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    for g in range(ng):
+        s = sv[g]
+        base = U(g) * U(gsize)
+        for k in range(gsize):
+            j = base + U(k)
+            u = np.float32(0.0)
+            if DITHER:
+                u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+            v = element_value(U(cb[j]), edec, MBITS, s, DITHER, kap, u)
+            if accumulate:
+                dst[d0 + j] += v
+            else:
+                dst[d0 + j] = v
+
+
+@nb.njit(inline="always", cache=True)
+def block_scales(src, base, b, gsize, scales, supers, tables, consts, rand, y, y0):
+    """Scales of stream block ``b`` (elements ``src[base:base+BLOCK]``), and its elements'
+    normalised values ``y[y0:y0+BLOCK]``: ``(x * pre) * inv`` per group, or +0 for a group
+    whose codes must be zero because the group or its block holds NaN/Inf.
     """
     stab, sdec, utab, udec = tables[3], tables[4], tables[5], tables[6]
     snfin, slogp, snan, sdiv, unfin, ulogp, unan = consts[:7]
-    offset = rand[8]
+    offset = U(rand[8])
     parent = np.float32(1.0)
     block_bad = False
     if HIER:
         amax, block_bad = absmax(src, base, BLOCK)
         if block_bad:
-            store_word(supers, b * UBYTES, UBYTES, unan)
+            store_word(supers, b * U(UBYTES), UBYTES, unan)
         else:
             sc = encode_scale(amax / sdiv, UKIND, utab, unfin, ulogp, UP, np.float32(0.0))
-            store_word(supers, b * UBYTES, UBYTES, sc)
+            store_word(supers, b * U(UBYTES), UBYTES, sc)
             parent = decode_scale(sc, UKIND, udec)
     for gi in range(GPB):
-        g = b * GPB + gi
-        gs = base + gi * GROUP
-        gidx = offset + b * BLOCK + gi * GROUP
-        ginv[goff + gi] = np.float32(0.0)
-        gpre[goff + gi] = np.float32(1.0)
-        gkeep[goff + gi] = np.uint32(0)
+        g = b * U(GPB) + U(gi)
+        gs = base + U(gi * GROUP)
+        ys = y0 + U(gi * GROUP)
+        gidx = offset + b * U(BLOCK) + U(gi * GROUP)
+        keep = False
+        inv = np.float32(0.0)
+        pre = np.float32(1.0)
         if block_bad:
-            store_word(scales, g * SBYTES, SBYTES, 0)
-            continue
-        amax, bad = absmax(src, gs, GROUP)
-        if bad:
-            store_word(scales, g * SBYTES, SBYTES, snan)
-            continue
-        sstar = amax / sdiv
-        us = np.float32(0.0)
-        if SMODE == STOCHASTIC:
-            us = uniform(rand[4], rand[5], gidx)
-        ratio = sstar
-        if HIER:
-            ratio = np.float32(0.0) if parent == 0 else sstar / parent
-        sc = encode_scale(ratio, SKIND, stab, snfin, slogp, SMODE, us)
-        store_word(scales, g * SBYTES, SBYTES, sc)
-        s_hat = decode_scale(sc, SKIND, sdec)
-        if HIER:
-            s_hat = parent * s_hat
-        # An unbiased (stochastic) scale pairs with the exact normaliser, so that
-        # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode uses.
-        norm = sstar if SMODE == STOCHASTIC else s_hat
-        # A subnormal normaliser has no finite float32 inverse: lift the group by an exact
-        # power of two first, so that 0 stays 0 and |x| / norm keeps its value.
-        pre = np.float32(1.0) if norm >= TINY else LIFT
-        ginv[goff + gi] = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
-        gpre[goff + gi] = pre
-        gkeep[goff + gi] = np.uint32(1)
-
-
-@nb.njit(cache=True)
-def decode_block(dst, base, b, codes, scales, supers, tables, consts, rand):
-    """Decode block ``b`` into ``dst[base:base+BLOCK]``.
-
-    ``consts`` and ``rand`` are those of the *encoder* of the payload: a dithered decoder
-    regenerates the uniform each element was rounded with (unused otherwise).
-    """
-    edec, sdec, udec = tables[2], tables[4], tables[6]
-    kap = np.float32(consts[11])
-    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-    gbase = rand[8] + b * BLOCK
-    parent = np.float32(1.0)
-    if HIER:
-        parent = decode_scale(load_word(supers, b * UBYTES, UBYTES), UKIND, udec)
-    for gi in range(GPB):
-        g = b * GPB + gi
-        gs = base + gi * GROUP
-        gidx = gbase + gi * GROUP
-        s = decode_scale(load_word(scales, g * SBYTES, SBYTES), SKIND, sdec)
-        if HIER:
-            s = parent * s
-        cpos = g * GBYTES
-        if PER > 0:
-            for k in range(GBYTES):
-                byte = np.uint64(codes[cpos + k])
-                for t in range(PER):
-                    j = k * PER + t
-                    c = (byte >> np.uint64(t * BITS)) & CMASK
-                    u = np.float32(0.0)
-                    if DITHER:
-                        u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx + j)
-                    dst[gs + j] = element_value(c, edec, MBITS, s, DITHER, kap, u)
+            store_word(scales, g * U(SBYTES), SBYTES, 0)
         else:
-            acc = np.uint64(0)
-            nacc = 0
-            pos = cpos
-            for j in range(GROUP):
-                while nacc < BITS:
-                    acc |= np.uint64(codes[pos]) << np.uint64(nacc)
-                    pos += 1
-                    nacc += 8
-                u = np.float32(0.0)
-                if DITHER:
-                    u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx + j)
-                dst[gs + j] = element_value(acc & CMASK, edec, MBITS, s, DITHER, kap, u)
-                acc >>= np.uint64(BITS)
-                nacc -= BITS
+            amax, bad = absmax(src, gs, GROUP)
+            if bad:
+                store_word(scales, g * U(SBYTES), SBYTES, snan)
+            else:
+                sstar = amax / sdiv
+                us = np.float32(0.0)
+                if SMODE == STOCHASTIC:
+                    us = uniform(rand[4], rand[5], gidx)
+                ratio = sstar
+                if HIER:
+                    ratio = np.float32(0.0) if parent == 0 else sstar / parent
+                sc = encode_scale(ratio, SKIND, stab, snfin, slogp, SMODE, us)
+                store_word(scales, g * U(SBYTES), SBYTES, sc)
+                s_hat = decode_scale(sc, SKIND, sdec)
+                if HIER:
+                    s_hat = parent * s_hat
+                # An unbiased (stochastic) scale pairs with the exact normaliser, so that
+                # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode
+                # uses.
+                norm = sstar if SMODE == STOCHASTIC else s_hat
+                # A subnormal normaliser has no finite float32 inverse: lift the group by an
+                # exact power of two first, so that 0 stays 0 and |x| / norm keeps its value.
+                pre = np.float32(1.0) if norm >= TINY else LIFT
+                inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
+                keep = True
+        if keep:
+            for k in range(gsize):
+                y[ys + U(k)] = (src[gs + U(k)] * pre) * inv
+        else:
+            for k in range(gsize):
+                y[ys + U(k)] = np.float32(0.0)
+
+
+@nb.njit(inline="always", cache=True)
+def code_elements(y, n, cb, tables, consts, rand, gidx0):
+    """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n``."""
+    etab, lut = tables[0], tables[1]
+    enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
+    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    for j in range(n):
+        ju = U(j)
+        cb[ju] = CODE_T(element_code(y[ju], etab, enfin, lut, lshift, lkey0, llen, MBITS, CHAIN,
+                                     EMODE, k0, k1, p0, p1, rank, world, gidx0 + ju))
+
+
+@nb.njit(inline="always", cache=True)
+def encode_task(src, s0, b0, nb_, codes, scales, supers, tables, consts, rand, y, cb):
+    """Encode the ``nb_`` blocks at ``src[s0:]`` as stream blocks ``b0 ..``."""
+    gsize = consts[12]
+    for i in range(nb_):
+        block_scales(src, s0 + U(i * BLOCK), b0 + U(i), gsize, scales, supers, tables, consts,
+                     rand, y, U(i * BLOCK))
+    n = nb_ * BLOCK
+    code_elements(y, n, cb, tables, consts, rand, U(rand[8]) + b0 * U(BLOCK))
+    pack(cb, n, codes, b0 * U(CBYTES))
+
+
+@nb.njit(inline="always", cache=True)
+def task_range(c, nblocks):
+    """First block and block count of task ``c`` (uint64, int64)."""
+    t0 = U(c) * U(TASK)
+    return t0, np.int64(min(U(nblocks), t0 + U(TASK)) - t0)
 
 
 @nb.njit(parallel=True, cache=True)
-def encode(x, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand):
-    """Encode ``nblocks`` blocks of ``x`` (the last, if partial, from the padded ``tail``).
-
-    Two passes: every block's scales first, then the element codes of the whole blocks in one
-    flat parallel loop, then the partial block.
-    """
-    ng = nblocks * GPB
-    ginv = np.empty(ng, np.float32)
-    gpre = np.empty(ng, np.float32)
-    gkeep = np.empty(ng, np.uint32)
-    nchunks = (nblocks + CHUNK - 1) // CHUNK
-    for c in nb.prange(nchunks):
-        # int64 block indices throughout, so each device function compiles once
-        for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
-            full = b < nfull
-            src = x if full else tail
-            base = b * BLOCK if full else b - b
-            block_scales(src, base, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep,
-                         b * GPB)
-    # one flat parallel loop over all bytes (or groups) of the whole blocks: the compiler
-    # vectorises it, table gathers included
-    if PER > 0:
-        etab, lut = tables[0], tables[1]
-        enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
-        k0, k1, p0, p1, rank, world, off = (rand[0], rand[1], rand[2], rand[3], rand[6], rand[7],
-                                            rand[8])
-        for k in nb.prange(nfull * BLOCK // PER):
-            codes[k] = byte_codes(x, 0, k, ginv, gpre, gkeep, 0, etab, lut, enfin, lshift, lkey0,
-                                  llen, k0, k1, p0, p1, rank, world, off)
-    else:
-        for q in nb.prange(nfull * GPB):
-            cb = np.empty(GROUP, np.uint32)
-            group_codes(x, 0, q, ginv, gpre, gkeep, 0, codes, 0, tables, consts, rand, rand[8],
-                        cb)
-    if nblocks > nfull:
-        cb = np.empty(GROUP, np.uint32)
-        code_span(tail, 0, BLOCK, ginv, gpre, gkeep, nfull * GPB, codes,
-                  nfull * BLOCK * BITS // 8, tables, consts, rand, rand[8] + nfull * BLOCK, cb)
+def encode(x, b0, nblocks, codes, scales, supers, tables, consts, rand):
+    """Encode the ``nblocks`` blocks of ``x`` as stream blocks ``b0 ..``."""
+    for c in nb.prange((nblocks + TASK - 1) // TASK):
+        t0, cnt = task_range(c, nblocks)
+        y = np.empty(TN, np.float32)
+        cb = np.empty(TN, CODE_T)
+        encode_task(x, t0 * U(BLOCK), U(b0) + t0, cnt, codes, scales, supers, tables, consts,
+                    rand, y, cb)
 
 
 @nb.njit(parallel=True, cache=True)
-def decode(out, tail, nfull, nblocks, codes, scales, supers, tables, consts, rand, accumulate):
-    """Decode into ``out`` (``+=`` in float32 when ``accumulate``); partial block into ``tail``.
+def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumulate):
+    """Decode stream blocks ``b0 .. b0+nblocks`` into ``out`` (``+=`` when ``accumulate``).
 
-    Accumulation decodes each block into a scratch first, so the add loop is branch-free.
     ``consts``/``rand`` are the encoder's (dithered decoding regenerates its uniforms).
     """
-    nchunks = (nblocks + CHUNK - 1) // CHUNK
-    for c in nb.prange(nchunks):
-        t = np.empty(BLOCK, np.float32)
-        for b in range(np.int64(c) * CHUNK, min(nblocks, (np.int64(c) + 1) * CHUNK)):
-            full = b < nfull
-            base = b * BLOCK if full else b - b
-            dst = out if full else tail
-            if accumulate:
-                decode_block(t, b - b, b, codes, scales, supers, tables, consts, rand)
-                for j in range(BLOCK):
-                    dst[base + j] += t[j]
-            else:
-                decode_block(dst, base, b, codes, scales, supers, tables, consts, rand)
+    gsize = consts[12]
+    for c in nb.prange((nblocks + TASK - 1) // TASK):
+        t0, cnt = task_range(c, nblocks)
+        sv = np.empty(TG, np.float32)
+        cb = np.empty(TN, CODE_T)
+        s = U(b0) + t0
+        unpack(codes, s * U(CBYTES), cnt * BLOCK, cb)
+        group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
+        decode_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), accumulate, tables[2],
+                     np.float32(consts[11]), rand, U(rand[8]) + s * U(BLOCK))
 
 
 @nb.njit(parallel=True, cache=True)
-def recompress(acc, tail, nfull, nblocks, nvalid, ic, isc, isu, codes, scales, supers, tables,
-               consts, rand, irand, writeback):
-    """Fused ``decompress_accumulate_recompress``.
+def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, tables, consts,
+               rand, irand, writeback):
+    """Fused ``decompress_accumulate_recompress`` of stream blocks ``b0 .. b0+nblocks``.
 
-    Per task of ``CHUNK`` blocks, in one pass over the data: ``t = acc + decode(in)`` (float32,
-    staged in a task-sized buffer), then ``encode(t)`` with fresh scales into
-    ``codes/scales/supers``. ``writeback`` chooses what ``acc`` holds afterwards:
-    0 unchanged, 1 the sum ``t``, 2 ``decode(encode(t))`` (what a sink keeps so that it equals
-    what every receiver decodes).
+    Per task, in one pass over the data: ``t = acc + decode(in)`` (float32, in a task-sized
+    scratch), then ``encode(t)`` with fresh scales into ``codes/scales/supers``. Elements at
+    and beyond ``nvalid`` (the padding of a partial block) are summed as zero. ``writeback``
+    chooses what ``acc`` holds afterwards: 0 unchanged, 1 the sum ``t``, 2
+    ``decode(encode(t))`` (what a sink keeps so that it equals what every receiver decodes).
     """
-    nchunks = (nblocks + CHUNK - 1) // CHUNK
-    for c in nb.prange(nchunks):
-        b0 = np.int64(c) * CHUNK
-        b1 = min(nblocks, b0 + CHUNK)
-        # the partial sums of the task's blocks are staged in a task-sized buffer
-        t = np.empty(CHUNK * BLOCK, np.float32)
-        u = np.empty(BLOCK, np.float32)
-        cb = np.empty(GROUP, np.uint32)
-        ginv = np.empty(CHUNK * GPB, np.float32)
-        gpre = np.empty(CHUNK * GPB, np.float32)
-        gkeep = np.empty(CHUNK * GPB, np.uint32)
-        for b in range(b0, b1):
-            full = b < nfull
-            base = b * BLOCK if full else b - b
-            src = acc if full else tail
-            tb = (b - b0) * BLOCK
-            decode_block(u, b - b, b, ic, isc, isu, tables, consts, irand)
-            if not full:
-                for j in range(nvalid - b * BLOCK, BLOCK):
-                    u[j] = np.float32(0.0)
-            for j in range(BLOCK):
-                t[tb + j] = src[base + j] + u[j]
-            block_scales(t, tb, b, scales, supers, tables, consts, rand, ginv, gpre, gkeep,
-                         (b - b0) * GPB)
-        code_span(t, 0, (b1 - b0) * BLOCK, ginv, gpre, gkeep, 0, codes, b0 * BLOCK * BITS // 8,
-                  tables, consts, rand, rand[8] + b0 * BLOCK, cb)
+    gsize = consts[12]
+    kap = np.float32(consts[11])
+    for c in nb.prange((nblocks + TASK - 1) // TASK):
+        t0, cnt = task_range(c, nblocks)
+        n = cnt * BLOCK
+        a0 = t0 * U(BLOCK)
+        s = U(b0) + t0
+        t = np.empty(TN, np.float32)
+        y = np.empty(TN, np.float32)
+        sv = np.empty(TG, np.float32)
+        cb = np.empty(TN, CODE_T)
+        for j in range(n):
+            t[j] = acc[a0 + U(j)]
+        unpack(ic, s * U(CBYTES), n, cb)
+        group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
+        decode_codes(cb, sv, cnt * GPB, gsize, t, U(0), True, tables[2], kap, irand,
+                     U(irand[8]) + s * U(BLOCK))
+        valid = np.int64(U(nvalid) - min(U(nvalid), a0))
+        for j in range(min(valid, n), n):
+            t[j] = np.float32(0.0)
+        encode_task(t, U(0), s, cnt, codes, scales, supers, tables, consts, rand, y, cb)
         if writeback == 1:
-            for b in range(b0, b1):
-                full = b < nfull
-                base = b * BLOCK if full else b - b
-                src = acc if full else tail
-                for j in range(BLOCK):
-                    src[base + j] = t[(b - b0) * BLOCK + j]
+            for j in range(n):
+                acc[a0 + U(j)] = t[j]
         elif writeback == 2:
-            for b in range(b0, b1):
-                full = b < nfull
-                decode_block(acc if full else tail, b * BLOCK if full else b - b, b, codes,
-                             scales, supers, tables, consts, rand)
+            # what every receiver decodes: the codes are still unpacked in cb
+            group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
+            decode_codes(cb, sv, cnt * GPB, gsize, acc, a0, False, tables[2], kap, rand,
+                         U(rand[8]) + s * U(BLOCK))

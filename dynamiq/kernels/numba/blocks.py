@@ -10,12 +10,16 @@ A new format needs no kernel code: its tables are runtime arguments.
 Runtime arguments travel as three tuples so that every kernel has a short, uniform signature:
 
 * ``tables = (etab, lut, edec, stab, sdec, utab, udec)`` — float32/int32 arrays;
-* ``consts = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap)``
-  — scale-format scalars, the element table size and its bucket lookup, the dither amplitude;
+* ``consts = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap,
+  group)`` — scale-format scalars, the element table size and its bucket lookup, the dither
+  amplitude, and the group size again as a runtime value (a literal trip count would make
+  LLVM unroll the per-group loops instead of vectorising them);
 * ``rand = (k0, k1, p0, p1, q0, q1, rank, world, offset)`` — :class:`~dynamiq.kernels.abi.RandKeys`.
 
 Whole blocks are read and written in place; the partial last block (if any) goes through a
-zero-padded scratch block.
+zero-padded scratch block, in a second call of the same kernel. The kernels' array arguments
+must not overlap: Numba compiles them as non-aliasing (which is what lets LLVM vectorise), so
+the host copies an input that shares memory with an output.
 """
 
 from __future__ import annotations
@@ -115,9 +119,15 @@ def kernel_args(code: BlockCode) -> tuple[tuple, tuple]:
     hit = _args.get(code)
     if hit is None:
         e, s, u = code.elem, code.scale, code.sup
-        tables = (e.search, e.lut, e.dec, s.search, s.dec, u.search, u.dec)
+        # the compare search of small element tables reads one entry past the top level
+        need = (1 << code.spec.mbits) + 1
+        etab = e.search
+        if etab.size < need:
+            etab = np.concatenate([etab, np.full(need - etab.size, np.inf, np.float32)])
+        tables = (etab, e.lut, e.dec, s.search, s.dec, u.search, u.dec)
         consts = (s.nfin, s.logp, s.nan, code.divisor, u.nfin, u.logp, u.nan,
-                  e.nfin, e.lshift, e.lkey0, len(e.lut), np.float32(code.kappa))
+                  e.nfin, e.lshift, e.lkey0, len(e.lut), np.float32(code.kappa),
+                  code.spec.group)
         hit = _args[code] = (tables, consts)
     return hit
 
@@ -142,22 +152,26 @@ def _sections(code: BlockCode, buf: np.ndarray, n: int) -> tuple[np.ndarray, ...
 
 
 def _split(code: BlockCode, n: int) -> tuple[int, int, np.ndarray]:
-    """Whole blocks, all blocks, and a zeroed scratch block for a partial tail."""
+    """Whole blocks, coordinates in them, and a zeroed scratch block for a partial tail."""
     b = code.spec.block
-    return n // b, -(-n // b), np.zeros(b, np.float32)
+    nfull = n // b
+    return nfull, nfull * b, np.zeros(b, np.float32)
 
 
 def block_encode(code: BlockCode, x: torch.Tensor, rand: RandKeys, out: torch.Tensor) -> None:
     """See :meth:`dynamiq.kernels.backend.Backend.block_encode`."""
     n = x.numel()
     xs = x.numpy()
-    nfull, nblocks, tail = _split(code, n)
-    if nblocks > nfull:
-        tail[: n - nfull * code.spec.block] = xs[nfull * code.spec.block:]
-    tables, consts = kernel_args(code)
+    nfull, cut, tail = _split(code, n)
+    tables, consts, r = *kernel_args(code), tuple(rand)
+    sections = _sections(code, out.numpy(), n)
+    k = kernels(code.spec)
     with threads_for(n):
-        kernels(code.spec).encode(xs, tail, nfull, nblocks, *_sections(code, out.numpy(), n),
-                                  tables, consts, tuple(rand))
+        if nfull:
+            k.encode(xs, 0, nfull, *sections, tables, consts, r)
+        if n > cut:
+            tail[: n - cut] = xs[cut:]
+            k.encode(tail, nfull, 1, *sections, tables, consts, r)
 
 
 def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: RandKeys,
@@ -165,16 +179,19 @@ def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: R
     """See :meth:`dynamiq.kernels.backend.Backend.block_decode`."""
     n = out.numel()
     os_ = out.numpy()
-    nfull, nblocks, tail = _split(code, n)
-    cut = nfull * code.spec.block
-    if accumulate and nblocks > nfull:
-        tail[: n - cut] = os_[cut:]
-    tables, consts = kernel_args(code)
+    nfull, cut, tail = _split(code, n)
+    tables, consts, r = *kernel_args(code), tuple(rand)
+    sections = _sections(code, data.numpy(), n)
+    k = kernels(code.spec)
+    acc = bool(accumulate)
     with threads_for(n):
-        kernels(code.spec).decode(os_, tail, nfull, nblocks, *_sections(code, data.numpy(), n),
-                                  tables, consts, tuple(rand), bool(accumulate))
-    if nblocks > nfull:
-        os_[cut:] = tail[: n - cut]
+        if nfull:
+            k.decode(os_, 0, nfull, *sections, tables, consts, r, acc)
+        if n > cut:
+            if acc:
+                tail[: n - cut] = os_[cut:]
+            k.decode(tail, nfull, 1, *sections, tables, consts, r, acc)
+            os_[cut:] = tail[: n - cut]
 
 
 def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, rand: RandKeys,
@@ -182,15 +199,21 @@ def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, ran
     """See :meth:`dynamiq.kernels.backend.Backend.block_recompress`."""
     n = acc.numel()
     a = acc.numpy()
-    nfull, nblocks, tail = _split(code, n)
-    cut = nfull * code.spec.block
-    if nblocks > nfull:
-        tail[: n - cut] = a[cut:]
-    tables, consts = kernel_args(code)
+    nfull, cut, tail = _split(code, n)
+    tables, consts, r, ir = *kernel_args(code), tuple(rand), tuple(irand)
+    src = data.numpy()
+    dst = out.numpy()
+    if np.shares_memory(src, dst):
+        # the kernels' arguments must not overlap (they are compiled as non-aliasing)
+        src = src.copy()
+    isec, osec = _sections(code, src, n), _sections(code, dst, n)
+    k = kernels(code.spec)
+    wb = int(writeback)
     with threads_for(n):
-        kernels(code.spec).recompress(
-            a, tail, nfull, nblocks, n, *_sections(code, data.numpy(), n),
-            *_sections(code, out.numpy(), n), tables, consts, tuple(rand), tuple(irand),
-            int(writeback))
-    if nblocks > nfull and writeback != Writeback.NONE:
-        a[cut:] = tail[: n - cut]
+        if nfull:
+            k.recompress(a, 0, nfull, cut, *isec, *osec, tables, consts, r, ir, wb)
+        if n > cut:
+            tail[: n - cut] = a[cut:]
+            k.recompress(tail, nfull, 1, n - cut, *isec, *osec, tables, consts, r, ir, wb)
+            if writeback != Writeback.NONE:
+                a[cut:] = tail[: n - cut]

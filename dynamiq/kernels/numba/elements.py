@@ -30,8 +30,8 @@ from dynamiq.kernels.abi import FLT_MAX, KIND_FP32, KIND_TABLE, Rounding
 from dynamiq.kernels.numba.rng import hash_u32, stratum, uniform
 
 __all__ = [
-    "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "decode_scale", "draw_uniform",
-    "element_code", "element_value", "encode_scale", "load_word", "lut_bracket",
+    "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "chain_bracket", "decode_scale",
+    "draw_uniform", "element_code", "element_value", "encode_scale", "load_word", "lut_bracket",
     "round_bracket", "round_index", "search_bracket", "store_word", "uniform",
 ]
 
@@ -45,27 +45,28 @@ CORRELATED = int(Rounding.CORRELATED)
 
 @nb.njit(inline="always", cache=True)
 def round_bracket(a, lo, tab, nfin, mode, u):
-    """Round ``a >= 0`` given ``lo``, the last table index with ``tab[lo] <= a`` (or 0).
+    """Round ``a >= 0`` given ``lo`` (uint32), the last table index with ``tab[lo] <= a`` (or 0).
 
     ``mode`` is NEAREST (ties to the even index), STOCHASTIC (up with probability
     ``(a-lo)/(hi-lo)``, decided by ``u * (hi - lo) < a - lo`` with the uniform ``u``), UP or
     DOWN. Values beyond the last finite entry (including +inf) saturate to it; values below
-    ``tab[0]`` give 0. Branch-free so that element loops vectorise.
+    ``tab[0]`` give 0. Branch-free, with 32-bit unsigned indices (cheaper gathers), so that
+    element loops vectorise.
     """
-    hi = min(lo + 1, nfin - 1)
+    hi = min(lo + np.uint32(1), np.uint32(nfin - 1))
     vlo = tab[lo]
     vhi = tab[hi]
     if mode == NEAREST:
         dlo = a - vlo
         dhi = vhi - a
-        up = (dhi < dlo) | ((dhi == dlo) & ((lo & 1) == 1))
+        up = (dhi < dlo) | ((dhi == dlo) & ((lo & np.uint32(1)) == np.uint32(1)))
     elif mode == STOCHASTIC:
         up = u * (vhi - vlo) < a - vlo
     elif mode == UP:
         up = vlo < a
     else:
         up = False
-    return lo + np.int64(up & (lo < hi))
+    return lo + np.uint32(up & (lo < hi))
 
 
 @nb.njit(inline="always", cache=True)
@@ -80,7 +81,7 @@ def search_bracket(a, tab, nfin, logp):
         if tab[lo + step] <= a:
             lo += step
         step >>= 1
-    return min(lo, nfin - 1)
+    return np.uint32(min(lo, nfin - 1))
 
 
 @nb.njit(inline="always", cache=True)
@@ -92,9 +93,9 @@ def lut_bracket(a, lut, lshift, lkey0, llen, tab, nfin):
     buckets are fine enough to hold at most one table value, so one compare finishes the job.
     """
     k = np.int64(np.float32(a).view(np.uint32) >> np.uint32(lshift)) - lkey0
-    k = min(max(k, 0), llen - 1)
-    lo = np.int64(lut[k])
-    return min(lo + np.int64(tab[lo + 1] <= a), nfin - 1)
+    k = np.uint32(min(max(k, 0), llen - 1))
+    lo = np.uint32(lut[k])
+    return min(lo + np.uint32(tab[lo + np.uint32(1)] <= a), np.uint32(nfin - 1))
 
 
 @nb.njit(inline="always", cache=True)
@@ -121,16 +122,52 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx):
 
 
 @nb.njit(inline="always", cache=True)
-def element_code(v, inv, etab, enfin, lut, lshift, lkey0, llen, mbits, emode,
+def chain_bracket(a, tab, nmag):
+    """``(lo, tab[lo], tab[lo + 1])`` for ``a >= 0`` by comparing with every level.
+
+    Equal to :func:`lut_bracket` (``lo`` counts the levels ``1 .. nmag-1`` at or below ``a``;
+    the padding above the finite levels is +inf and never counts). For small tables
+    (``nmag`` a compile-time constant, at most 16) the unrolled compares and selects are
+    cheaper than the gathers of a table lookup and keep the element loop vectorisable.
+    """
+    lo = np.uint32(0)
+    vlo = tab[0]
+    vhi = tab[1]
+    for m in range(1, nmag):
+        ge = a >= tab[m]
+        lo += np.uint32(ge)
+        vlo = tab[m] if ge else vlo
+        vhi = tab[m + 1] if ge else vhi
+    return lo, vlo, vhi
+
+
+@nb.njit(inline="always", cache=True)
+def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, chain, emode,
                  k0, k1, p0, p1, rank, world, gidx):
-    """Sign-magnitude code (uint32) of ``v`` normalised by ``inv`` (the element maths)."""
-    a = abs(v) * inv
+    """Sign-magnitude code (uint32) of the normalised value ``y = (x * pre) * inv``.
+
+    ``|y|`` equals ``|x * pre| * inv`` bit for bit (float32 products are sign-symmetric), so
+    the group's normalisation can be applied in the pass that computes the scales. ``chain``
+    (a compile-time constant) selects :func:`chain_bracket` over the bucket lookup.
+    """
+    a = abs(y)
     u = np.float32(0.0)
     if emode != NEAREST:
         u = draw_uniform(emode, k0, k1, p0, p1, rank, world, gidx)
-    lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
-    m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
-    sign = np.float32(v).view(np.uint32) >> np.uint32(31)
+    if chain:
+        lo, vlo, vhi = chain_bracket(a, etab, 1 << mbits)
+        top = np.uint32(enfin - 1)
+        if emode == NEAREST:
+            dlo = a - vlo
+            dhi = vhi - a
+            up = (dhi < dlo) | ((dhi == dlo) & ((lo & np.uint32(1)) == np.uint32(1)))
+        else:
+            up = u * (vhi - vlo) < a - vlo
+        m = lo + np.uint32(up & (lo < top))
+    else:
+        lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
+        m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
+    sign = np.float32(y).view(np.uint32) >> np.uint32(31)
     return np.uint32(m) | (sign << np.uint32(mbits))
 
 
@@ -161,16 +198,18 @@ def element_value(c, edec, mbits, s, dither, kap, u):
 
 @nb.njit(inline="always", cache=True)
 def store_word(buf, pos, nbytes, code):
+    """Little-endian ``nbytes``-byte ``code`` at ``buf[pos:]`` (``pos``: uint64)."""
     c = np.uint64(code)
     for k in range(nbytes):
-        buf[pos + k] = np.uint8((c >> np.uint64(8 * k)) & np.uint64(0xFF))
+        buf[pos + np.uint64(k)] = np.uint8((c >> np.uint64(8 * k)) & np.uint64(0xFF))
 
 
 @nb.njit(inline="always", cache=True)
 def load_word(buf, pos, nbytes):
+    """Inverse of :func:`store_word`."""
     c = np.uint64(0)
     for k in range(nbytes):
-        c |= np.uint64(buf[pos + k]) << np.uint64(8 * k)
+        c |= np.uint64(buf[pos + np.uint64(k)]) << np.uint64(8 * k)
     return c
 
 
@@ -191,11 +230,14 @@ def decode_scale(code, kind, dec):
 
 @nb.njit(inline="always", cache=True)
 def absmax(src, start, count):
-    """``(max |src[start:start+count]|, any non-finite)``; branch-free so it vectorises."""
+    """``(max |src[start:start+count]|, any non-finite)``; branch-free so it vectorises.
+
+    ``start`` is a uint64 (unsigned indices spare Numba's negative-index wrap-around).
+    """
     amax = np.float32(0.0)
     chk = np.float32(0.0)
-    for i in range(start, start + count):
-        v = src[i]
+    for i in range(count):
+        v = src[start + np.uint64(i)]
         amax = max(amax, abs(v))
         chk += v - v  # 0 for finite values, NaN for NaN/Inf
     return amax, chk != 0.0 or chk != chk
