@@ -20,6 +20,13 @@ E4M3 elements under shared E8M0 block scales, from a fixed plan) and ``dynamiq``
 2/4/8 under a fixed width plan cycling through the widths, so every hop runs the width gather,
 one quantizer per width and the scatter; its time is the whole hop's).
 
+With ``--allreduce`` it also spawns one process per visible GPU (NCCL) and times, for float32
+tensors of 64 and 256 MB, ``torch.distributed.all_reduce`` in FP32 and in BF16 next to
+``dynamiq.all_reduce`` with the pipelines ``passthrough-fp32``, ``bf16``, ``mxfp8`` and
+``dynamiq`` (the slowest rank's time, best of the timed calls, with each pipeline's split into
+codec, wire and wait time from ``P2PStats``). It needs at least two GPUs; on a single-GPU machine
+the section is skipped with a message.
+
 The table goes to stdout and a JSON report to ``--json`` (default ``gpu-bench.json``).
 ``--quick`` runs tiny sizes with few repetitions; with ``TRITON_INTERPRET=1`` it also runs on
 CPU tensors (Triton's interpreter), which is how this script is smoke-tested without a GPU.
@@ -179,6 +186,114 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+ALLREDUCE_PIPELINES = ("passthrough-fp32", "bf16", "mxfp8", "dynamiq")
+ALLREDUCE_SIZES = (64 * MB, 256 * MB)
+
+
+def _allreduce_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], repeat: int,
+                      queue) -> None:
+    """One NCCL rank: time torch's all-reduce and dynamiq's pipelines at every size."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    dev = torch.device("cuda", rank)
+
+    def slowest(fn: Callable[[], object], reset: Callable[[], object]) -> float:
+        best = float("inf")
+        for k in range(repeat + 1):  # the first call warms up (buffers, kernels)
+            reset()
+            torch.cuda.synchronize(dev)
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(dev)
+            t = torch.tensor([time.perf_counter() - t0], device=dev, dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            if k:
+                best = min(best, float(t))
+        return best
+
+    rows = []
+    for size in sizes:
+        rows += _allreduce_size(size, rank, dev, slowest)
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def _allreduce_size(size: int, rank: int, dev: torch.device, slowest) -> list[dict]:
+    """One tensor size of :func:`_allreduce_worker` (``slowest(fn, reset)`` times a call)."""
+    import torch.distributed as dist
+
+    import dynamiq
+
+    n = size // 4
+    x = torch.randn(n, device=dev, generator=torch.Generator(device=dev).manual_seed(rank))
+    y = torch.empty_like(x)
+    yb = torch.empty(n, device=dev, dtype=torch.bfloat16)
+    rows = [{"size": size, "what": "torch fp32",
+             "seconds": slowest(lambda: dist.all_reduce(y), lambda: y.copy_(x))},
+            {"size": size, "what": "torch bf16",
+             "seconds": slowest(lambda: dist.all_reduce(yb), lambda: yb.copy_(x))}]
+    for name in ALLREDUCE_PIPELINES:
+        st = dynamiq.P2PStats()
+        t = slowest(lambda name=name, st=st: dynamiq.all_reduce(y, name, stats=st),
+                    lambda: y.copy_(x))
+        rows.append({"size": size, "what": f"dynamiq {name}", "seconds": t,
+                     "bits_per_coord": st.bits_per_coord,
+                     "split": {k: getattr(st, k) for k in
+                               ("codec_seconds", "wire_seconds", "wait_seconds",
+                                "metadata_seconds") if hasattr(st, k)}})
+    return rows
+
+
+def run_allreduce(sizes: tuple[int, ...], repeat: int) -> dict:
+    """NCCL all-reduce of torch and dynamiq over every visible GPU (needs two or more)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    world = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if world < 2:
+        return {"skipped": f"needs at least two GPUs for NCCL, found {world}"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_allreduce_worker, args=(r, world, port, sizes, repeat, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=1800)
+    for p in procs:
+        p.join(60)
+    for r in rows:
+        ref = next(q["seconds"] for q in rows if q["size"] == r["size"]
+                   and q["what"] == "torch fp32")
+        r["vs_torch_fp32"] = r["seconds"] / ref
+    return {"world_size": world, "repeat": repeat, "rows": rows}
+
+
+def allreduce_table(report: dict) -> str:
+    """The all-reduce section as text."""
+    if "skipped" in report:
+        return f"all-reduce: skipped ({report['skipped']})"
+    lines = [f"all-reduce over {report['world_size']} GPUs (NCCL), best of {report['repeat']}"]
+    head = f"{'MB':>6} {'what':<26}{'ms':>10}{'x torch':>9}{'bits':>7}  split (codec/wire/wait)"
+    lines += [head, "-" * len(head)]
+    for r in report["rows"]:
+        sp = r.get("split") or {}
+        split = "/".join(f"{sp[k] * 1e3:.1f}" for k in ("codec_seconds", "wire_seconds",
+                                                        "wait_seconds") if k in sp)
+        bits = f"{r['bits_per_coord']:.2f}" if "bits_per_coord" in r else "-"
+        lines.append(f"{r['size'] / MB:>6g} {r['what']:<26}{r['seconds'] * 1e3:>10.2f}"
+                     f"{r['vs_torch_fp32']:>9.2f}{bits:>7}  {split}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point: run, print the table, write the JSON report."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -188,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes-mb", type=float, nargs="*",
                     help="tensor sizes in MB (default 64 256 1024)")
     ap.add_argument("--repeat", type=int, default=None, help="timed calls per measurement")
+    ap.add_argument("--allreduce", action="store_true",
+                    help="also time NCCL all-reduce: torch vs dynamiq pipelines (2+ GPUs)")
     args = ap.parse_args(argv)
     device = pick_device(args.quick)
     if args.sizes_mb:
@@ -197,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (2 if args.quick else 20)
     report = run(sizes, device, warmup=1 if args.quick else 3, repeat=repeat)
     print(table(report))
+    if args.allreduce:
+        report["allreduce"] = run_allreduce(ALLREDUCE_SIZES, 3 if args.quick else 10)
+        print()
+        print(allreduce_table(report["allreduce"]))
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(f"\nwrote {args.json}")
     return 0

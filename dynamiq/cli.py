@@ -139,7 +139,7 @@ def _cmd_bench_codec(args: argparse.Namespace) -> int:
     from dynamiq.bench import codec
 
     names = tuple(args.quantizers.split(",")) if args.quantizers else codec.DEFAULT_QUANTIZERS
-    res = codec.run(n=args.n, quantizers=names, repeat=args.repeat)
+    res = codec.run(n=args.n, quantizers=names, repeat=args.repeat, hop=not args.no_hop)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
         print(f"wrote {args.json}")
@@ -149,15 +149,14 @@ def _cmd_bench_codec(args: argparse.Namespace) -> int:
 def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     from dynamiq.bench import allreduce
 
-    res = allreduce.run(
+    sep = ";" if ";" in args.pipelines else ","
+    allreduce.run(
         world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
         sizes_mb=tuple(float(v) for v in args.sizes_mb.split(",")),
-        pipeline=args.pipeline,
+        pipelines=tuple(m for m in args.pipelines.split(sep) if m),
         repeat=args.repeat,
+        json_path=args.json,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
-        print(f"wrote {args.json}")
     return 0
 
 
@@ -190,6 +189,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
+    from dynamiq.bench.allreduce import DEFAULT_PIPELINES as allreduce_defaults
     from dynamiq.bench.nmse import DEFAULT_METHODS
 
     p = argparse.ArgumentParser(prog="dynamiq", description=__doc__)
@@ -225,22 +225,29 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench", required=True)
     bc = bsub.add_parser(
         "codec", aliases=["kernels"],
-        help="Numba encode, decode and fused decompress-accumulate-recompress throughput "
-             "vs memory copy",
+        help="Numba encode, decode and fused decompress-accumulate-recompress throughput, "
+             "and the DynamiQ hop, vs the memory copy of the same run",
     )
     bc.add_argument("--n", type=int, default=1 << 24, help="coordinates per tensor")
     bc.add_argument("--quantizers", help="comma-separated names (default: 4- and 8-bit set)")
     bc.add_argument("--repeat", type=int, default=5)
+    bc.add_argument("--no-hop", action="store_true",
+                    help="skip the default DynamiQ pipeline's whole hop")
     bc.add_argument("--json", help="write the results to this JSON file")
     bc.set_defaults(func=_cmd_bench_codec)
 
-    ba = bsub.add_parser("allreduce",
-                         help="dynamiq.all_reduce vs torch.distributed.all_reduce on loopback")
+    ba = bsub.add_parser(
+        "allreduce",
+        help="dynamiq.all_reduce pipelines vs torch.distributed.all_reduce (FP32 and BF16) on "
+             "loopback gloo, with the time split of each pipeline",
+    )
     ba.add_argument("--world-sizes", default="2,4", help="comma-separated, e.g. 2,4")
-    ba.add_argument("--sizes-mb", default="1,4,16,64", help="tensor sizes in MB (float32)")
-    ba.add_argument("--pipeline", default="passthrough-fp32")
-    ba.add_argument("--repeat", type=int, default=3)
-    ba.add_argument("--json", help="write the results to this JSON file")
+    ba.add_argument("--sizes-mb", default="4,16,64", help="tensor sizes in MB (float32)")
+    ba.add_argument("--pipelines", "--pipeline", default=",".join(allreduce_defaults),
+                    help="comma-separated registered pipelines (';'-separated when giving "
+                         "specs)")
+    ba.add_argument("--repeat", type=int, default=3, help="timed rounds; the best counts")
+    ba.add_argument("--json", help="write the rows to this JSON file")
     ba.set_defaults(func=_cmd_bench_allreduce)
 
     bn = bsub.add_parser("nmse", help="vNMSE and measured bits/coordinate of every method on "

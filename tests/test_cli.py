@@ -45,11 +45,17 @@ def test_bench_codec_reports_ratios(tmp_path, capsys):
     assert main(["bench", "kernels", "--n", "65536", "--quantizers", "mxfp8,dq4_hier",
                  "--repeat", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["copy_gbps"] > 0 and len(res["rows"]) == 2
+    assert res["copy_gbps"] > 0 and len(res["rows"]) == 3
+    assert [r["name"] for r in res["rows"]] == ["mxfp8", "dq4_hier", "dynamiq hop"]
     for r in res["rows"]:
-        for k in ("encode", "decode", "recompress"):
+        ops = ("recompress",) if r["name"] == "dynamiq hop" else ("encode", "decode", "recompress")
+        for k in ops:
             assert r[f"{k}_gbps"] > 0
             assert r[f"{k}_vs_copy"] == pytest.approx(r[f"{k}_gbps"] / res["copy_gbps"])
+            assert r[f"{k}_mcoords_per_core"] == pytest.approx(
+                r["n"] / r[f"{k}_s"] / res["threads"] / 1e6)
+    # the hop's message is DynamiQ's budget (5 bits, metadata apart) on the wire
+    assert 3.0 < res["rows"][-1]["bits_per_coord"] < 6.0
     assert "memory copy" in capsys.readouterr().out
 
 

@@ -1,4 +1,4 @@
-"""Render the JSON rows of ``dynamiq bench nmse`` / ``bench scale`` as reStructuredText tables.
+"""Render the JSON of ``dynamiq bench nmse`` / ``scale`` / ``kernels`` as reStructuredText tables.
 
 Usage (from the repository root)::
 
@@ -31,12 +31,33 @@ def _table(rows: list[dict], ref: float | None, scale: bool) -> list[str]:
     return out
 
 
+def _kernels(report: dict) -> list[str]:
+    """``dynamiq bench kernels``: throughput as a fraction of the same run's memory copy."""
+    out = [f"float32 tensors of {report['n']:,} coordinates, {report['threads']} threads; "
+           f"memory copy {report['copy_gbps']:.2f} GB/s (read + write) in the same run.", "",
+           ".. list-table::", "   :header-rows: 1", "",
+           "   * - kernel\n     - bits/coord\n     - encode\n     - decode\n     - recompress"]
+    for r in report["rows"]:
+        cells = []
+        for op in ("encode", "decode", "recompress"):
+            if f"{op}_vs_copy" in r:
+                cells.append(f"{r[f'{op}_vs_copy']:.3f} ({r[f'{op}_mcoords_per_core']:.0f} Mc/s)")
+            else:
+                cells.append("")
+        out.append(f"   * - {r['name']}\n     - {r['bits_per_coord']:.3f}\n"
+                   + "\n".join(f"     - {c}" for c in cells))
+    return out
+
+
 def render(paths: list[str]) -> str:
     """All tables of the given JSON files, one titled block per (file, kind)."""
     lines: list[str] = []
     for path in paths:
         rows = json.loads(Path(path).read_text())
         stem = Path(path).stem
+        if isinstance(rows, dict) and "copy_gbps" in rows:
+            lines += [f".. _{stem}-kernels:", "", f"**{stem}**", "", *_kernels(rows), ""]
+            continue
         scale = "kind" not in rows[0]
         ref = None if scale else next((r["vnmse"] for r in rows if r["method"] == "mxfp8"), None)
         kinds = ["scale"] if scale else sorted({r["kind"] for r in rows},

@@ -1,6 +1,17 @@
-"""``dynamiq bench codec``: Numba encode/decode throughput against memory-copy bandwidth."""
+"""``dynamiq bench kernels``: Numba hop throughput against the memory copy of the same run.
+
+Rows: every requested block quantizer's encode, decode and fused
+decompress-accumulate-recompress, and the default DynamiQ pipeline's whole hop
+(``decompress_accumulate_recompress`` of one ring chunk, with the codec's width plan for the
+vector, as an internal rank of a ring runs it). Throughput counts the bytes an operation must
+read and write, the same accounting as the memory copy it is compared with (a
+``torch.Tensor.copy_`` of the float32 tensor, read + write, on the same threads).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
 
 import numba
 import torch
@@ -8,64 +19,125 @@ import torch
 from dynamiq.bench.timing import best_time, copy_bandwidth
 from dynamiq.quantizers import get_quantizer
 
-__all__ = ["DEFAULT_QUANTIZERS", "run"]
+__all__ = ["DEFAULT_QUANTIZERS", "HOP_PIPELINE", "run"]
 
 DEFAULT_QUANTIZERS = ("mxfp8", "int8_sr", "dq8_hier", "mxfp4", "int4_sr", "dq4_hier")
+#: The pipeline whose whole hop is measured (the registered default DynamiQ, 5 bits).
+HOP_PIPELINE = "dynamiq"
+_OPS = ("encode", "decode", "recompress")
+
+
+def _row(name: str, bits: float, n: int, copy: float, threads: int,
+         times: dict[str, float], nbytes: dict[str, int]) -> dict:
+    row: dict = {"name": name, "bits_per_coord": bits, "n": n}
+    for k, t in times.items():
+        row[f"{k}_s"] = t
+        row[f"{k}_gbps"] = nbytes[k] / t / 1e9
+        row[f"{k}_vs_copy"] = nbytes[k] / t / copy
+        row[f"{k}_mcoords_per_core"] = n / t / threads / 1e6
+    return row
+
+
+def _quantizer_row(name: str, x: torch.Tensor, copy: float, threads: int, repeat: int) -> dict:
+    n = x.numel()
+    q = get_quantizer(name)
+    p = q.encode(x)
+    y = torch.empty(n)
+    acc = torch.randn(n)
+    out = torch.empty_like(p.data)
+    pb = p.nbytes
+    times = {
+        "encode": best_time(lambda: q.encode(x, out=p.data), repeat),
+        "decode": best_time(lambda: q.decode(p, out=y), repeat),
+        "recompress": best_time(lambda: q.recompress(p, acc, out=out), repeat),
+    }
+    nbytes = {"encode": 4 * n + pb, "decode": 4 * n + pb, "recompress": 2 * pb + 4 * n}
+    return _row(name, q.bits_per_coord(n), n, copy, threads, times, nbytes)
+
+
+def _dynamiq_hop_row(n: int, copy: float, threads: int, repeat: int) -> dict:
+    """The default DynamiQ pipeline's hop on chunk 0 of a two-rank ring over ``n`` coordinates."""
+    from dynamiq.collectives.engine import (
+        Plan,
+        apply_transforms,
+        center_and_prepare,
+        local_metadata,
+    )
+    from dynamiq.metadata import combine
+    from dynamiq.pipeline import get_pipeline
+
+    p = get_pipeline(HOP_PIPELINE)
+    gen = torch.Generator().manual_seed(0)
+    ys = [apply_transforms(p, torch.randn(n, generator=gen), 0)[0] for _ in range(2)]
+    states: dict = {}
+    metas = [local_metadata(p, y, states) for y in ys]
+    plan = Plan(p, 2, ys[0].numel())
+    plan.set_metadata(combine([m for m, _ in metas], metas[0][1]), states)
+    ys = [center_and_prepare(plan, y) for y in ys]
+    a, b = plan.bounds[0]
+    m = b - a
+    codec = plan.outgoing_codec(1, 0)
+    data = codec.compress(ys[1][a:b], plan.context(1, 0))
+    ctx = dataclasses.replace(plan.context(0, 0), source=plan.context(1, 0))
+    acc = ys[0][a:b].clone()
+    out = torch.empty_like(data)
+    t = best_time(lambda: codec.decompress_accumulate_recompress(data, acc, ctx, out=out,
+                                                                 writeback="none"), repeat)
+    pb = data.numel()
+    return _row(f"{HOP_PIPELINE} hop", 8.0 * pb / m, m, copy, threads, {"recompress": t},
+                {"recompress": 2 * pb + 4 * m})
+
+
+def _fmt(row: dict, op: str) -> str:
+    if f"{op}_s" not in row:
+        return f"{'-':>8} {'-':>6} {'-':>7}"
+    return (f"{row[f'{op}_gbps']:>8.2f} {row[f'{op}_vs_copy']:>6.3f} "
+            f"{row[f'{op}_mcoords_per_core']:>7.0f}")
 
 
 def run(
     n: int = 1 << 24,
     quantizers: tuple[str, ...] = DEFAULT_QUANTIZERS,
     repeat: int = 5,
-    log=print,
+    hop: bool = True,
+    log: Callable[[str], None] = print,
 ) -> dict:
-    """Measure encode, decode and fused recompress throughput of each quantizer.
-
-    Throughput counts bytes read plus bytes written (float32 input and payload for encode,
-    payload and float32 output for decode; payload in, float32 in/out and payload out for
-    recompress), the same accounting as the copy bandwidth it is compared with.
+    """Measure the Numba hop kernels against the memory copy of the same run.
 
     Args:
-        n: Coordinates per tensor.
+        n: Coordinates per tensor (float32).
         quantizers: Registered quantizer names.
-        repeat: Timed repetitions (best is kept) after one warm-up (which compiles).
-        log: Progress/print function.
+        repeat: Timed repetitions (the best is kept) after one warm-up (which compiles).
+        hop: Also measure the default DynamiQ pipeline's whole hop.
+        log: Where progress lines and the table go.
 
     Returns:
-        ``{"copy_gbps": ..., "threads": ..., "rows": [{quantizer, bits, encode_gbps, ...}]}``.
+        JSON-serialisable ``{"n", "threads", "copy_gbps", "rows"}``; each row has, per
+        operation, ``<op>_s``, ``<op>_gbps``, ``<op>_vs_copy`` (throughput over the copy's)
+        and ``<op>_mcoords_per_core`` (million coordinates per second per thread).
     """
+    if n < 1 or repeat < 1:
+        raise ValueError("n and repeat must be >= 1")
+    threads = numba.get_num_threads()
     x = torch.randn(n)
     copy = copy_bandwidth(4 * n, repeat)
-    log(f"n = {n:,} float32, {numba.get_num_threads()} threads, "
-        f"memory copy {copy / 1e9:.2f} GB/s (read + write)")
+    log(f"n = {n:,} float32, {threads} threads, memory copy {copy / 1e9:.2f} GB/s "
+        "(read + write)")
     rows = []
     for name in quantizers:
-        q = get_quantizer(name)
         log(f"  {name}: compiling / warming up ...")
-        p = q.encode(x)
-        y = torch.empty(n)
-        acc = torch.randn(n)
-        out = torch.empty_like(p.data)
-        pb = p.nbytes
-        te = best_time(lambda q=q, p=p: q.encode(x, out=p.data), repeat)
-        td = best_time(lambda q=q, p=p, y=y: q.decode(p, out=y), repeat)
-        tr = best_time(lambda q=q, p=p, a=acc, o=out: q.recompress(p, a, out=o), repeat)
-        row = {
-            "quantizer": name,
-            "bits_per_coord": q.bits_per_coord(n),
-            "encode_gbps": (4 * n + pb) / te / 1e9,
-            "decode_gbps": (4 * n + pb) / td / 1e9,
-            "recompress_gbps": (2 * pb + 4 * n) / tr / 1e9,
-        }
-        for k in ("encode", "decode", "recompress"):
-            row[f"{k}_vs_copy"] = row[f"{k}_gbps"] * 1e9 / copy
-        rows.append(row)
+        rows.append(_quantizer_row(name, x, copy, threads, repeat))
+    if hop:
+        log(f"  {HOP_PIPELINE} hop: compiling / warming up ...")
+        rows.append(_dynamiq_hop_row(n, copy, threads, repeat))
     log("")
-    log(f"{'quantizer':<10} {'bits':>6} {'encode GB/s':>12} {'ratio':>6} {'decode GB/s':>12} "
-        f"{'ratio':>6} {'recomp GB/s':>12} {'ratio':>6}")
+    head = f"{'':<14} {'':>6}" + "".join(f" {op:^23}" for op in _OPS)
+    log(head)
+    log(f"{'kernel':<14} {'bits':>6}" + " {:>8} {:>6} {:>7}".format("GB/s", "ratio", "Mc/s/c")
+        * len(_OPS))
     for r in rows:
-        log(f"{r['quantizer']:<10} {r['bits_per_coord']:>6.3f} {r['encode_gbps']:>12.2f} "
-            f"{r['encode_vs_copy']:>6.3f} {r['decode_gbps']:>12.2f} {r['decode_vs_copy']:>6.3f} "
-            f"{r['recompress_gbps']:>12.2f} {r['recompress_vs_copy']:>6.3f}")
-    log(f"(ratio = throughput / memory-copy bandwidth {copy / 1e9:.2f} GB/s; goal >= 0.5)")
-    return {"n": n, "threads": numba.get_num_threads(), "copy_gbps": copy / 1e9, "rows": rows}
+        log(f"{r['name']:<14} {r['bits_per_coord']:>6.3f} "
+            + " ".join(_fmt(r, op) for op in _OPS))
+    log(f"(ratio = throughput / memory-copy bandwidth {copy / 1e9:.2f} GB/s measured in this run; "
+        "Mc/s/c = million coordinates per second per thread)")
+    return {"n": n, "threads": threads, "copy_gbps": copy / 1e9, "rows": rows}

@@ -30,7 +30,7 @@ from dynamiq.kernels.backend import (
     get_backend,
     resolve_backend,
 )
-from dynamiq.kernels.tables import FormatTables, bucket_lut
+from dynamiq.kernels.tables import FormatTables, bucket_lut, element_family
 
 __all__ = [
     "FLT_MAX",
@@ -54,6 +54,7 @@ __all__ = [
     "backend_for",
     "backend_names",
     "bucket_lut",
+    "element_family",
     "get_backend",
     "resolve_backend",
     "rht_norm",

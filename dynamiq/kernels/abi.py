@@ -171,13 +171,18 @@ class KernelSpec(NamedTuple):
     ukind: int  # super scale kind
     ubytes: int  # bytes per super scale code
     dither: bool = False  # decoding subtracts the encoder's dither
+    ssearch: int = 0  # table group scale: 0 = bucket lookup, else binary-search depth
+    efam: int = 0  # element search (dynamiq.kernels.tables.element_family)
+    emant: int = 0  # FAMILY_FLOAT: mantissa bits
+    ebias: int = 0  # FAMILY_FLOAT: exponent bias
 
     def tag(self) -> str:
         """Readable, unique name of the variant."""
         return (
             f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
             f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
-            f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}"
+            f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}_p{self.ssearch}"
+            f"_e{self.efam}x{self.emant}x{self.ebias}"
         )
 
 

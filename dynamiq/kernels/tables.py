@@ -14,13 +14,13 @@ import numpy as np
 
 from dynamiq.formats import NumberFormat
 
-__all__ = ["FormatTables", "bucket_lut"]
+__all__ = ["FormatTables", "bucket_lut", "element_family"]
 
 _MAX_LUT_BITS = 16
 
 
 def bucket_lut(mags: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """Build the O(1) bracket lookup for an ascending float32 table starting at 0.
+    """Build the O(1) bracket lookup for an ascending float32 table.
 
     Bucket keys are ``float32_bits(a) >> shift``; they are monotone in ``a >= 0``. The coarsest
     ``shift`` is chosen such that no bucket holds more than one table value strictly inside it,
@@ -28,7 +28,7 @@ def bucket_lut(mags: np.ndarray) -> tuple[np.ndarray, int, int]:
     index with ``tab[lo] <= a``.
 
     Args:
-        mags: Ascending float32 magnitudes (``mags[0] == 0``).
+        mags: Ascending float32 magnitudes (values below ``mags[0]`` bracket to index 0).
 
     Returns:
         ``(lut, shift, key0)``: int32 lookup table, right shift, and the key of ``lut[0]``.
@@ -54,6 +54,56 @@ def bucket_lut(mags: np.ndarray) -> tuple[np.ndarray, int, int]:
             lut = np.clip(np.searchsorted(mags, starts, "right") - 1, 0, nfin - 1)
             return lut.astype(np.int32), shift, key0
     raise ValueError("magnitudes too closely spaced for a bucket lookup table")
+
+
+#: How the kernels search an element table (:func:`element_family`).
+FAMILY_TABLE, FAMILY_FLOAT, FAMILY_INT, FAMILY_CHAIN = 0, 1, 2, 3
+#: Largest table searched by comparing with every level.
+CHAIN_LEVELS = 16
+
+
+def _float_grid(n: int, mant: int, bias: int) -> np.ndarray:
+    i = np.arange(n, dtype=np.int64)
+    e, m = i >> mant, i & ((1 << mant) - 1)
+    sub = m * 2.0 ** (1 - bias - mant)
+    normal = (1.0 + m / 2.0**mant) * np.exp2((e - bias).astype(np.float64))
+    return np.where(e == 0, sub, normal)
+
+
+def element_family(mags: np.ndarray, mbits: int) -> tuple[int, int, int]:
+    """How a kernel can find the levels bracketing a magnitude: ``(family, mant, bias)``.
+
+    Decided from the values alone, so a registered format needs no kernel code and a format
+    is only given an arithmetic search when that search reproduces its table exactly:
+
+    * ``FAMILY_FLOAT``: the finite magnitudes are a minifloat grid with subnormals (``mant``
+      mantissa bits, exponent ``bias``), searched by float32 bit arithmetic;
+    * ``FAMILY_INT``: the magnitudes are ``0, 1, 2, ...``, searched by truncation;
+    * ``FAMILY_CHAIN``: at most :data:`CHAIN_LEVELS` codes, searched by comparing with each;
+    * ``FAMILY_TABLE``: anything else, searched through the bucket lookup.
+
+    Args:
+        mags: Ascending finite float32 magnitudes (``mags[0] == 0``).
+        mbits: Magnitude bits of the codes.
+    """
+    mags = np.asarray(mags, dtype=np.float64)
+    n = len(mags)
+    if n >= 2 and mags[0] == 0:
+        if np.array_equal(mags, np.arange(n, dtype=np.float64)):
+            return FAMILY_INT, 0, 0
+        for mant in range(0, 11):
+            bias = 1 - mant - math.log2(mags[1])
+            if bias != int(bias):
+                continue
+            bias = int(bias)
+            # both rescaling constants must be float32 numbers
+            if bias - 1 + mant > 126 or 1 - bias - mant < -149:
+                continue
+            if np.array_equal(_float_grid(n, mant, bias), mags):
+                return FAMILY_FLOAT, mant, bias
+    if (1 << mbits) <= CHAIN_LEVELS:
+        return FAMILY_CHAIN, 0, 0
+    return FAMILY_TABLE, 0, 0
 
 
 @dataclass(frozen=True)
@@ -95,9 +145,9 @@ class FormatTables:
         logp = max(1, math.ceil(math.log2(len(mags))))
         search = np.full(2**logp + 1, np.inf, np.float32)
         search[: len(mags)] = mags
-        if mags[0] == 0:
+        try:
             lut, shift, key0 = bucket_lut(mags)
-        else:
+        except ValueError:  # too finely spaced for a bounded table: binary search instead
             lut, shift, key0 = dummy_i, 23, 0
         return FormatTables(
             0, search, len(mags), logp, fmt.decode_table().astype(np.float32),

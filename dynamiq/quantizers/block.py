@@ -21,6 +21,7 @@ from dynamiq.kernels import (
     RandKeys,
     Writeback,
     backend_for,
+    element_family,
 )
 from dynamiq.quantizers.checks import check_quantizer_config
 from dynamiq.quantizers.layout import compact, expand, wire_layout
@@ -172,12 +173,14 @@ class BlockQuantizer:
         """This quantizer as the kernels of every backend see it."""
         e = FormatTables.of(self.element)
         sc, u = self._scale_tables, FormatTables.of(self.super_scale)
+        efam, emant, ebias = element_family(e.search[: e.nfin], self.element.magnitude_bits)
         spec = KernelSpec(
             bits=self.element.bits, mbits=self.element.magnitude_bits,
             emode=int(ROUNDING[self.rounding]), group=self.group_size, block=self.block_size,
             hier=self.super_group_size is not None, skind=sc.kind, sbytes=sc.nbytes,
             smode=int(SCALE_ROUNDING[self.scale_rounding]), ukind=u.kind, ubytes=u.nbytes,
-            dither=self.dither,
+            dither=self.dither, ssearch=0 if sc.lut.size > 1 else sc.logp, efam=efam,
+            emant=emant, ebias=ebias,
         )
         return BlockCode(spec, e, sc, u, self._scale_divisor,
                          np.float32(self.dither_amplitude))

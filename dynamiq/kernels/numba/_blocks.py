@@ -14,7 +14,8 @@ without loop-carried state, which LLVM vectorises:
 
 1. unpack the codes into one byte (or 16-bit word) per element,
 2. decode them under the per-group scales (and add, for a hop),
-3. compute the new scales block by block, writing each element's normalised value,
+3. compute the new scales (group maxima, super-group scales, then all group scales in one
+   loop) and each element's normalised value,
 4. code every element, from its normalised value alone,
 5. pack the codes.
 
@@ -26,7 +27,8 @@ What keeps these loops vectorised (checked in the generated code):
   index, and that select defeats the vectoriser;
 * per-group loops run to a runtime trip count (``consts[12]``, the group size), so LLVM
   vectorises them instead of unrolling them into scalar code;
-* element tables of at most 16 levels are searched by compares rather than gathers.
+* element levels are found by arithmetic (minifloat and integer grids) or by compares (at
+  most 16 levels) rather than by table gathers, whenever the format allows it.
 
 Runtime arguments (see :mod:`dynamiq.kernels.numba.blocks`): ``tables``, ``consts``, ``rand``
 tuples; byte streams ``codes``, ``scales``, ``supers``.
@@ -46,6 +48,7 @@ from dynamiq.kernels.numba.elements import (
     element_code,
     element_value,
     encode_scale,
+    encode_scale_bucket,
     load_word,
     store_word,
     uniform,
@@ -64,6 +67,10 @@ SMODE = 2
 UKIND = 0
 UBYTES = 1
 DITHER = False
+SSEARCH = 0
+EFAM = 1
+EMANT = 3
+EBIAS = 7
 # --- end spec ---
 
 U = np.uint64
@@ -71,7 +78,6 @@ GPB = BLOCK // GROUP  # groups per block
 TASK = max(1, 4096 // BLOCK)  # blocks per parallel task
 TN = TASK * BLOCK  # coordinates per task
 TG = TASK * GPB  # groups per task
-CHAIN = MBITS <= 4  # search the element levels by compares (at most 16 levels)
 # Codes are packed PACK at a time into PACK * BITS / 8 whole bytes (LSB first); widths whose
 # unit would not fit a 64-bit word fall back to a serial bit stream.
 PACK = 8 // math.gcd(BITS, 8)
@@ -165,79 +171,102 @@ def decode_codes(cb, sv, ng, gsize, dst, d0, accumulate, edec, kap, rand, gidx0)
     for g in range(ng):
         s = sv[g]
         base = U(g) * U(gsize)
-        for k in range(gsize):
-            j = base + U(k)
-            u = np.float32(0.0)
-            if DITHER:
-                u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-            v = element_value(U(cb[j]), edec, MBITS, s, DITHER, kap, u)
-            if accumulate:
-                dst[d0 + j] += v
-            else:
-                dst[d0 + j] = v
+        # two loops rather than a branch per element
+        if accumulate:
+            for k in range(gsize):
+                j = base + U(k)
+                u = np.float32(0.0)
+                if DITHER:
+                    u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+                dst[d0 + j] += element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
+        else:
+            for k in range(gsize):
+                j = base + U(k)
+                u = np.float32(0.0)
+                if DITHER:
+                    u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
+                dst[d0 + j] = element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
 
 
 @nb.njit(inline="always", cache=True)
-def block_scales(src, base, b, gsize, scales, supers, tables, consts, rand, y, y0):
-    """Scales of stream block ``b`` (elements ``src[base:base+BLOCK]``), and its elements'
-    normalised values ``y[y0:y0+BLOCK]``: ``(x * pre) * inv`` per group, or +0 for a group
-    whose codes must be zero because the group or its block holds NaN/Inf.
+def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gbad, pv, pbad,
+                ginv, gpre, gkeep):
+    """Scales of the ``cnt`` blocks at ``src[s0:]`` (stream blocks ``b0 ..``), and how to
+    normalise each group: ``(x * gpre) * ginv``, with ``gkeep`` 0 for a group whose codes
+    must be zero because the group or its block holds NaN/Inf.
+
+    Group maxima first, then the super-group scales block by block, then every group scale
+    in one loop over the groups (the scale search is the table's bucket lookup, or a binary
+    search of literal depth when the table has none).
     """
-    stab, sdec, utab, udec = tables[3], tables[4], tables[5], tables[6]
-    snfin, slogp, snan, sdiv, unfin, ulogp, unan = consts[:7]
-    offset = U(rand[8])
-    parent = np.float32(1.0)
-    block_bad = False
+    stab, sdec, utab, udec, slut = tables[3], tables[4], tables[5], tables[6], tables[7]
+    snfin, _, snan, sdiv, unfin, ulogp, unan = consts[:7]
+    slshift, slkey0, sllen = consts[13], consts[14], consts[15]
+    ng = cnt * GPB
+    gsize = consts[12]
+    for g in range(ng):
+        amax, bad = absmax(src, s0 + U(g) * U(GROUP), gsize)
+        gmax[g] = amax
+        gbad[g] = np.uint8(bad)
     if HIER:
-        amax, block_bad = absmax(src, base, BLOCK)
-        if block_bad:
-            store_word(supers, b * U(UBYTES), UBYTES, unan)
-        else:
+        for i in range(cnt):
+            amax = np.float32(0.0)
+            bad = np.uint8(0)
+            for gi in range(GPB):
+                amax = max(amax, gmax[i * GPB + gi])
+                bad |= gbad[i * GPB + gi]
+            b = b0 + U(i)
             sc = encode_scale(amax / sdiv, UKIND, utab, unfin, ulogp, UP, np.float32(0.0))
-            store_word(supers, b * U(UBYTES), UBYTES, sc)
-            parent = decode_scale(sc, UKIND, udec)
-    for gi in range(GPB):
-        g = b * U(GPB) + U(gi)
-        gs = base + U(gi * GROUP)
-        ys = y0 + U(gi * GROUP)
-        gidx = offset + b * U(BLOCK) + U(gi * GROUP)
-        keep = False
-        inv = np.float32(0.0)
-        pre = np.float32(1.0)
-        if block_bad:
-            store_word(scales, g * U(SBYTES), SBYTES, 0)
+            store_word(supers, b * U(UBYTES), UBYTES, U(unan) if bad != 0 else U(sc))
+            pv[i] = decode_scale(sc, UKIND, udec)
+            pbad[i] = bad
+    q0, q1, offset = rand[4], rand[5], U(rand[8])
+    for g in range(ng):
+        gu = U(g)
+        i = gu // U(GPB)
+        gglob = b0 * U(GPB) + gu
+        sstar = gmax[g] / sdiv
+        us = np.float32(0.0)
+        if SMODE == STOCHASTIC:
+            us = uniform(q0, q1, offset + gglob * U(GROUP))
+        ratio = sstar
+        parent = np.float32(1.0)
+        if HIER:
+            parent = pv[i]
+            ratio = np.float32(0.0) if parent == 0 else sstar / parent
+        if SSEARCH == 0:
+            sc = encode_scale_bucket(ratio, SKIND, stab, snfin, slut, slshift, slkey0, sllen,
+                                     SMODE, us)
         else:
-            amax, bad = absmax(src, gs, GROUP)
-            if bad:
-                store_word(scales, g * U(SBYTES), SBYTES, snan)
-            else:
-                sstar = amax / sdiv
-                us = np.float32(0.0)
-                if SMODE == STOCHASTIC:
-                    us = uniform(rand[4], rand[5], gidx)
-                ratio = sstar
-                if HIER:
-                    ratio = np.float32(0.0) if parent == 0 else sstar / parent
-                sc = encode_scale(ratio, SKIND, stab, snfin, slogp, SMODE, us)
-                store_word(scales, g * U(SBYTES), SBYTES, sc)
-                s_hat = decode_scale(sc, SKIND, sdec)
-                if HIER:
-                    s_hat = parent * s_hat
-                # An unbiased (stochastic) scale pairs with the exact normaliser, so that
-                # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode
-                # uses.
-                norm = sstar if SMODE == STOCHASTIC else s_hat
-                # A subnormal normaliser has no finite float32 inverse: lift the group by an
-                # exact power of two first, so that 0 stays 0 and |x| / norm keeps its value.
-                pre = np.float32(1.0) if norm >= TINY else LIFT
-                inv = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
-                keep = True
-        if keep:
-            for k in range(gsize):
-                y[ys + U(k)] = (src[gs + U(k)] * pre) * inv
-        else:
-            for k in range(gsize):
-                y[ys + U(k)] = np.float32(0.0)
+            sc = encode_scale(ratio, SKIND, stab, snfin, SSEARCH, SMODE, us)
+        s_hat = decode_scale(sc, SKIND, sdec)
+        if HIER:
+            s_hat = parent * s_hat
+        # An unbiased (stochastic) scale pairs with the exact normaliser, so that
+        # E[decoded] = E[level] * E[scale] = x; otherwise normalise by what decode uses.
+        norm = sstar if SMODE == STOCHASTIC else s_hat
+        # A subnormal normaliser has no finite float32 inverse: lift the group by an exact
+        # power of two first, so that 0 stays 0 and |x| / norm keeps its value.
+        pre = np.float32(1.0) if norm >= TINY else LIFT
+        ginv[g] = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
+        gpre[g] = pre
+        flags = (pbad[i] << np.uint8(1)) | gbad[g] if HIER else gbad[g]
+        code = U(sc) if flags == 0 else (U(snan) if flags == 1 else U(0))
+        store_word(scales, gglob * U(SBYTES), SBYTES, code)
+        gkeep[g] = np.uint8(flags == 0)
+
+
+@nb.njit(inline="always", cache=True)
+def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y):
+    """``y[j] = (src[s0 + j] * gpre) * ginv`` of each element's group, or +0 unless kept."""
+    for g in range(ng):
+        inv = ginv[g]
+        pre = gpre[g]
+        keep = gkeep[g]
+        base = U(g) * U(gsize)
+        for k in range(gsize):
+            v = (src[s0 + base + U(k)] * pre) * inv
+            y[base + U(k)] = v if keep != 0 else np.float32(0.0)
 
 
 @nb.njit(inline="always", cache=True)
@@ -248,20 +277,33 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0):
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
     for j in range(n):
         ju = U(j)
-        cb[ju] = CODE_T(element_code(y[ju], etab, enfin, lut, lshift, lkey0, llen, MBITS, CHAIN,
-                                     EMODE, k0, k1, p0, p1, rank, world, gidx0 + ju))
+        cb[ju] = CODE_T(element_code(y[ju], etab, enfin, lut, lshift, lkey0, llen, MBITS, EFAM,
+                                     EMANT, EBIAS, EMODE, k0, k1, p0, p1, rank, world,
+                                     gidx0 + ju))
 
 
 @nb.njit(inline="always", cache=True)
-def encode_task(src, s0, b0, nb_, codes, scales, supers, tables, consts, rand, y, cb):
-    """Encode the ``nb_`` blocks at ``src[s0:]`` as stream blocks ``b0 ..``."""
-    gsize = consts[12]
-    for i in range(nb_):
-        block_scales(src, s0 + U(i * BLOCK), b0 + U(i), gsize, scales, supers, tables, consts,
-                     rand, y, U(i * BLOCK))
-    n = nb_ * BLOCK
+def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w, y, cb):
+    """Encode the ``cnt`` blocks at ``src[s0:]`` as stream blocks ``b0 ..``.
+
+    ``w`` is the task's :func:`scratch`.
+    """
+    gmax, gbad, pv, pbad, ginv, gpre, gkeep = w
+    task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gbad, pv, pbad,
+                ginv, gpre, gkeep)
+    normalise(src, s0, cnt * GPB, consts[12], ginv, gpre, gkeep, y)
+    n = cnt * BLOCK
     code_elements(y, n, cb, tables, consts, rand, U(rand[8]) + b0 * U(BLOCK))
     pack(cb, n, codes, b0 * U(CBYTES))
+
+
+@nb.njit(inline="always", cache=True)
+def scratch():
+    """Per-task arrays of the scale pass (group maxima and flags, super-group scales and
+    flags, group normalisers and keep flags)."""
+    return (np.empty(TG, np.float32), np.empty(TG, np.uint8), np.empty(TASK, np.float32),
+            np.empty(TASK, np.uint8), np.empty(TG, np.float32), np.empty(TG, np.float32),
+            np.empty(TG, np.uint8))
 
 
 @nb.njit(inline="always", cache=True)
@@ -271,7 +313,7 @@ def task_range(c, nblocks):
     return t0, np.int64(min(U(nblocks), t0 + U(TASK)) - t0)
 
 
-@nb.njit(parallel=True, cache=True)
+@nb.njit(parallel=True, cache=True, error_model="numpy")
 def encode(x, b0, nblocks, codes, scales, supers, tables, consts, rand):
     """Encode the ``nblocks`` blocks of ``x`` as stream blocks ``b0 ..``."""
     for c in nb.prange((nblocks + TASK - 1) // TASK):
@@ -279,10 +321,10 @@ def encode(x, b0, nblocks, codes, scales, supers, tables, consts, rand):
         y = np.empty(TN, np.float32)
         cb = np.empty(TN, CODE_T)
         encode_task(x, t0 * U(BLOCK), U(b0) + t0, cnt, codes, scales, supers, tables, consts,
-                    rand, y, cb)
+                    rand, scratch(), y, cb)
 
 
-@nb.njit(parallel=True, cache=True)
+@nb.njit(parallel=True, cache=True, error_model="numpy")
 def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumulate):
     """Decode stream blocks ``b0 .. b0+nblocks`` into ``out`` (``+=`` when ``accumulate``).
 
@@ -300,7 +342,7 @@ def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumu
                      np.float32(consts[11]), rand, U(rand[8]) + s * U(BLOCK))
 
 
-@nb.njit(parallel=True, cache=True)
+@nb.njit(parallel=True, cache=True, error_model="numpy")
 def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, tables, consts,
                rand, irand, writeback):
     """Fused ``decompress_accumulate_recompress`` of stream blocks ``b0 .. b0+nblocks``.
@@ -331,7 +373,8 @@ def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, ta
         valid = np.int64(U(nvalid) - min(U(nvalid), a0))
         for j in range(min(valid, n), n):
             t[j] = np.float32(0.0)
-        encode_task(t, U(0), s, cnt, codes, scales, supers, tables, consts, rand, y, cb)
+        encode_task(t, U(0), s, cnt, codes, scales, supers, tables, consts, rand, scratch(), y,
+                    cb)
         if writeback == 1:
             for j in range(n):
                 acc[a0 + U(j)] = t[j]

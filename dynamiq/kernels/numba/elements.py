@@ -31,7 +31,8 @@ from dynamiq.kernels.numba.rng import hash_u32, stratum, uniform
 
 __all__ = [
     "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "chain_bracket", "decode_scale",
-    "draw_uniform", "element_code", "element_value", "encode_scale", "load_word", "lut_bracket",
+    "draw_uniform", "element_code", "element_value", "encode_scale", "encode_scale_bucket",
+    "float_bracket", "load_word", "lut_bracket",
     "round_bracket", "round_index", "search_bracket", "store_word", "uniform",
 ]
 
@@ -74,14 +75,14 @@ def search_bracket(a, tab, nfin, logp):
     """Binary search: last index ``lo < nfin`` with ``tab[lo] <= a`` (0 if none).
 
     ``tab`` holds ``nfin`` finite ascending values padded with +inf to ``2**logp + 1`` entries.
+    A loop of ``logp`` steps without branches: with a literal ``logp`` LLVM unrolls it, so a
+    loop over many values that calls it vectorises (one gather per step).
     """
-    lo = 0
-    step = (1 << logp) >> 1
-    while step > 0:
-        if tab[lo + step] <= a:
-            lo += step
-        step >>= 1
-    return np.uint32(min(lo, nfin - 1))
+    lo = np.uint32(0)
+    for d in range(logp):
+        step = np.uint32((1 << logp) >> (d + 1))
+        lo = lo + step if tab[lo + step] <= a else lo
+    return min(lo, np.uint32(nfin - 1))
 
 
 @nb.njit(inline="always", cache=True)
@@ -134,29 +135,78 @@ def chain_bracket(a, tab, nmag):
     vlo = tab[0]
     vhi = tab[1]
     for m in range(1, nmag):
-        ge = a >= tab[m]
+        # both loads unconditional: loop-invariant in the caller's element loop, so LLVM
+        # hoists them (a load inside the conditional would become a masked gather)
+        here = tab[m]
+        above = tab[m + 1]
+        ge = a >= here
         lo += np.uint32(ge)
-        vlo = tab[m] if ge else vlo
-        vhi = tab[m + 1] if ge else vhi
+        vlo = here if ge else vlo
+        vhi = above if ge else vhi
     return lo, vlo, vhi
 
 
 @nb.njit(inline="always", cache=True)
-def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, chain, emode,
+def float_bracket(a, mant, bias):
+    """``(lo, tab[lo], tab[lo + 1])`` for ``a >= 0`` on a minifloat grid with subnormals.
+
+    ``mant`` mantissa bits and exponent ``bias`` (literals): level ``(e << mant) | m`` is
+    ``m * 2**(1-bias-mant)`` for ``e == 0`` and ``(1 + m / 2**mant) * 2**(e-bias)`` otherwise.
+    The floor on the grid is the float32 bit pattern with the low mantissa bits cleared
+    (normal range) or an exact power-of-two rescale and truncation (subnormal range); both
+    are computed and one is selected, so the loop stays free of branches. Saturation at the
+    last finite level is the caller's.
+    """
+    bits = np.float32(a).view(np.uint32)
+    drop = np.uint32(23 - mant)
+    e = np.int64(bits >> np.uint32(23)) - 127 + bias
+    floor_bits = (bits >> drop) << drop
+    lo_n = (np.uint32(max(e, 0)) << np.uint32(mant)) | ((bits >> drop)
+                                                         & np.uint32((1 << mant) - 1))
+    vlo_n = np.uint32(floor_bits).view(np.float32)
+    vhi_n = np.uint32(floor_bits + (np.uint32(1) << drop)).view(np.float32)
+    unit = np.float32(2.0 ** (1 - bias - mant))
+    q = np.uint32(min(a * np.float32(2.0 ** (bias - 1 + mant)), np.float32(1 << mant)))
+    vlo_s = np.float32(q) * unit
+    vhi_s = np.float32(q + np.uint32(1)) * unit
+    normal = e >= 1
+    return (np.uint32(lo_n) if normal else np.uint32(q), vlo_n if normal else vlo_s,
+            vhi_n if normal else vhi_s)
+
+
+@nb.njit(inline="always", cache=True)
+def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias, emode,
                  k0, k1, p0, p1, rank, world, gidx):
     """Sign-magnitude code (uint32) of the normalised value ``y = (x * pre) * inv``.
 
     ``|y|`` equals ``|x * pre| * inv`` bit for bit (float32 products are sign-symmetric), so
-    the group's normalisation can be applied in the pass that computes the scales. ``chain``
-    (a compile-time constant) selects :func:`chain_bracket` over the bucket lookup.
+    the group's normalisation can be applied in the pass that computes the scales.
+    ``family`` (a literal, see :func:`dynamiq.kernels.tables.element_family`) picks how the
+    levels are searched: 1 minifloat arithmetic, 2 integer levels, 3 compares against every
+    level (small tables), 0 the bucket lookup (any table). All give the table search's bits;
+    the first three keep the element loop free of gathers.
     """
     a = abs(y)
     u = np.float32(0.0)
     if emode != NEAREST:
         u = draw_uniform(emode, k0, k1, p0, p1, rank, world, gidx)
-    if chain:
-        lo, vlo, vhi = chain_bracket(a, etab, 1 << mbits)
+    if family == 0:
+        lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
+        m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
+    else:
         top = np.uint32(enfin - 1)
+        vtop = etab[enfin - 1]
+        if family == 1:
+            lo, vlo, vhi = float_bracket(a, mant, bias)
+        elif family == 2:
+            lo = np.uint32(min(a, vtop))
+            vlo = np.float32(lo)
+            vhi = np.float32(lo + np.uint32(1))
+        else:
+            lo, vlo, vhi = chain_bracket(a, etab, 1 << mbits)
+        sat = lo >= top
+        lo = top if sat else lo
+        vlo = vtop if sat else vlo
         if emode == NEAREST:
             dlo = a - vlo
             dhi = vhi - a
@@ -164,9 +214,6 @@ def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, chain, emode,
         else:
             up = u * (vhi - vlo) < a - vlo
         m = lo + np.uint32(up & (lo < top))
-    else:
-        lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
-        m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
     sign = np.float32(y).view(np.uint32) >> np.uint32(31)
     return np.uint32(m) | (sign << np.uint32(mbits))
 
@@ -185,15 +232,15 @@ def element_value(c, edec, mbits, s, dither, kap, u):
     scale of a group near float32's top, rounded up, would otherwise turn its largest element
     into Inf. A NaN scale (a flagged group) stays NaN.
     """
-    m = edec[c & np.uint64((1 << mbits) - 1)]
+    m = edec[np.uint32(c) & np.uint32((1 << mbits) - 1)]
     if dither:
         m = m + kap * (u - np.float32(0.5))
     v = m * s
-    if v > FLT_MAX:
-        v = FLT_MAX
-    elif v < -FLT_MAX:
-        v = -FLT_MAX
-    return -v if (c >> np.uint64(mbits)) & np.uint64(1) else v
+    v = FLT_MAX if v > FLT_MAX else v
+    v = -FLT_MAX if v < -FLT_MAX else v
+    # the sign by flipping the sign bit (what negation does, NaN included): no branch
+    flip = ((np.uint32(c) >> np.uint32(mbits)) & np.uint32(1)) << np.uint32(31)
+    return np.uint32(np.float32(v).view(np.uint32) ^ flip).view(np.float32)
 
 
 @nb.njit(inline="always", cache=True)
@@ -222,6 +269,16 @@ def encode_scale(ratio, kind, tab, nfin, logp, mode, u):
 
 
 @nb.njit(inline="always", cache=True)
+def encode_scale_bucket(ratio, kind, tab, nfin, lut, lshift, lkey0, llen, mode, u):
+    """:func:`encode_scale` through the table's bucket lookup: the same code, two loads
+    instead of a binary search's chain of dependent ones."""
+    if kind == KIND_FP32:
+        return np.uint64(np.float32(ratio).view(np.uint32))
+    lo = lut_bracket(ratio, lut, lshift, lkey0, llen, tab, nfin)
+    return np.uint64(round_bracket(ratio, lo, tab, nfin, mode, u))
+
+
+@nb.njit(inline="always", cache=True)
 def decode_scale(code, kind, dec):
     if kind == KIND_FP32:
         return np.uint32(code).view(np.float32)
@@ -230,14 +287,15 @@ def decode_scale(code, kind, dec):
 
 @nb.njit(inline="always", cache=True)
 def absmax(src, start, count):
-    """``(max |src[start:start+count]|, any non-finite)``; branch-free so it vectorises.
+    """``(max |src[start:start+count]|, any non-finite)``.
 
-    ``start`` is a uint64 (unsigned indices spare Numba's negative-index wrap-around).
+    Computed on the bit patterns: those of non-negative floats order like unsigned integers,
+    and an integer maximum is associative, so the loop vectorises (a float maximum or a sum
+    test for non-finite values is a serial chain without fast-math). Exponent bits all ones
+    (Inf or NaN) flag the group. ``start`` is a uint64 (unsigned indices spare Numba's
+    negative-index wrap-around).
     """
-    amax = np.float32(0.0)
-    chk = np.float32(0.0)
+    m = np.uint32(0)
     for i in range(count):
-        v = src[start + np.uint64(i)]
-        amax = max(amax, abs(v))
-        chk += v - v  # 0 for finite values, NaN for NaN/Inf
-    return amax, chk != 0.0 or chk != chk
+        m = max(m, np.float32(src[start + np.uint64(i)]).view(np.uint32) & np.uint32(0x7FFFFFFF))
+    return np.uint32(m).view(np.float32), m >= np.uint32(0x7F800000)
