@@ -40,6 +40,7 @@ import numba as nb
 import numpy as np
 
 from dynamiq.kernels.numba.elements import (
+    CORRELATED,
     STOCHASTIC,
     UP,
     absmax,
@@ -161,31 +162,69 @@ def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
 
 
 @nb.njit(inline="always", cache=True)
-def decode_codes(cb, sv, ng, gsize, dst, d0, accumulate, edec, kap, rand, gidx0):
-    """``dst[d0:d0 + ng*gsize] (+)= decode(cb)`` under the group scales ``sv[:ng]``.
+def code_value(cb, j, s, edec, kap, rand, gidx0, pow2):
+    """Decoded value of code ``cb[j]`` under scale ``s`` (``pow2``: a literal, see
+    ``draw_uniform``)."""
+    u = np.float32(0.0)
+    if DITHER:
+        u = draw_uniform(EMODE, rand[0], rand[1], rand[2], rand[3], rand[6], rand[7], gidx0 + j,
+                         pow2)
+    return element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
+
+
+@nb.njit(inline="always", cache=True)
+def decode_group(cb, base, gsize, s, dst, d0, edec, kap, rand, gidx0, pow2):
+    """``dst[d0 + j] = decode(cb[j])`` for the group at ``base``."""
+    for k in range(gsize):
+        j = base + U(k)
+        dst[d0 + j] = code_value(cb, j, s, edec, kap, rand, gidx0, pow2)
+
+
+@nb.njit(inline="always", cache=True)
+def add_group(cb, base, gsize, s, dst, d0, edec, kap, rand, gidx0, pow2):
+    """As :func:`decode_group`, adding to ``dst`` (one float32 addition per element)."""
+    for k in range(gsize):
+        j = base + U(k)
+        dst[d0 + j] += code_value(cb, j, s, edec, kap, rand, gidx0, pow2)
+
+
+@nb.njit(inline="always", cache=True)
+def pow2_world(rand):
+    """Whether correlated rounding can take the loop-free stratum (see ``draw_uniform``); the
+    conditions on spec constants are pruned when Numba compiles, so variants without
+    correlated dithering compile one loop."""
+    if EMODE == CORRELATED:
+        if DITHER:
+            return (rand[7] & (rand[7] - 1)) == 0
+    return False
+
+
+@nb.njit(inline="always", cache=True)
+def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0):
+    """``dst[d0:d0 + ng*gsize] = decode(cb)`` under the group scales ``sv[:ng]``.
 
     ``rand`` is the encoder's: a dithered decoder regenerates the uniform each element was
     rounded with.
     """
-    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-    for g in range(ng):
-        s = sv[g]
-        base = U(g) * U(gsize)
-        # two loops rather than a branch per element
-        if accumulate:
-            for k in range(gsize):
-                j = base + U(k)
-                u = np.float32(0.0)
-                if DITHER:
-                    u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-                dst[d0 + j] += element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
-        else:
-            for k in range(gsize):
-                j = base + U(k)
-                u = np.float32(0.0)
-                if DITHER:
-                    u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + j)
-                dst[d0 + j] = element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
+    if pow2_world(rand):
+        for g in range(ng):
+            decode_group(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, rand, gidx0,
+                         True)
+    else:
+        for g in range(ng):
+            decode_group(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, rand, gidx0,
+                         False)
+
+
+@nb.njit(inline="always", cache=True)
+def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0):
+    """As :func:`decode_codes`, adding to ``dst``."""
+    if pow2_world(rand):
+        for g in range(ng):
+            add_group(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, rand, gidx0, True)
+    else:
+        for g in range(ng):
+            add_group(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, rand, gidx0, False)
 
 
 @nb.njit(inline="always", cache=True)
@@ -270,8 +309,8 @@ def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y):
 
 
 @nb.njit(inline="always", cache=True)
-def code_elements(y, n, cb, tables, consts, rand, gidx0):
-    """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n``."""
+def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
+    """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n`` (``pow2``: a literal)."""
     etab, lut = tables[0], tables[1]
     enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
@@ -279,7 +318,21 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0):
         ju = U(j)
         cb[ju] = CODE_T(element_code(y[ju], etab, enfin, lut, lshift, lkey0, llen, MBITS, EFAM,
                                      EMANT, EBIAS, EMODE, k0, k1, p0, p1, rank, world,
-                                     gidx0 + ju))
+                                     gidx0 + ju, pow2))
+
+
+@nb.njit(inline="always", cache=True)
+def code_elements(y, n, cb, tables, consts, rand, gidx0):
+    """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n``.
+
+    Correlated rounding over a power-of-two world gets the loop without the stratum's cycle
+    walk (which vectorises); other worlds the general one.
+    """
+    if EMODE == CORRELATED:
+        if (rand[7] & (rand[7] - 1)) == 0:
+            code_loop(y, n, cb, tables, consts, rand, gidx0, True)
+            return
+    code_loop(y, n, cb, tables, consts, rand, gidx0, False)
 
 
 @nb.njit(inline="always", cache=True)
@@ -338,8 +391,13 @@ def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumu
         s = U(b0) + t0
         unpack(codes, s * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
-        decode_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), accumulate, tables[2],
-                     np.float32(consts[11]), rand, U(rand[8]) + s * U(BLOCK))
+        kap = np.float32(consts[11])
+        if accumulate:
+            add_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
+                      U(rand[8]) + s * U(BLOCK))
+        else:
+            decode_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
+                         U(rand[8]) + s * U(BLOCK))
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
@@ -368,8 +426,8 @@ def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, ta
             t[j] = acc[a0 + U(j)]
         unpack(ic, s * U(CBYTES), n, cb)
         group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
-        decode_codes(cb, sv, cnt * GPB, gsize, t, U(0), True, tables[2], kap, irand,
-                     U(irand[8]) + s * U(BLOCK))
+        add_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, irand,
+                  U(irand[8]) + s * U(BLOCK))
         valid = np.int64(U(nvalid) - min(U(nvalid), a0))
         for j in range(min(valid, n), n):
             t[j] = np.float32(0.0)
@@ -381,5 +439,5 @@ def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, ta
         elif writeback == 2:
             # what every receiver decodes: the codes are still unpacked in cb
             group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
-            decode_codes(cb, sv, cnt * GPB, gsize, acc, a0, False, tables[2], kap, rand,
+            decode_codes(cb, sv, cnt * GPB, gsize, acc, a0, tables[2], kap, rand,
                          U(rand[8]) + s * U(BLOCK))

@@ -27,7 +27,7 @@ import numba as nb
 import numpy as np
 
 from dynamiq.kernels.abi import FLT_MAX, KIND_FP32, KIND_TABLE, Rounding
-from dynamiq.kernels.numba.rng import hash_u32, stratum, uniform
+from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, uniform
 
 __all__ = [
     "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "chain_bracket", "decode_scale",
@@ -106,7 +106,7 @@ def round_index(a, tab, nfin, logp, mode, u):
 
 
 @nb.njit(inline="always", cache=True)
-def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx):
+def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx, pow2=False):
     """The uniform used to round element ``gidx``: independent, or stratified across ranks.
 
     CORRELATED: ``u = (π(rank) + γ) / world`` where ``π`` is a per-element random permutation
@@ -114,11 +114,17 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx):
     :func:`dynamiq.rng.stratum`) and ``γ`` comes from the rank's own key ``(k0, k1)``: each
     rank's ``u`` is uniform on [0, 1), and for every element exactly one rank falls in each
     stratum ``[k/world, (k+1)/world)``.
+
+    ``pow2`` (a literal) asserts that ``world`` is a power of two, which makes the stratum's
+    computation loop-free (:func:`~dynamiq.kernels.numba.rng.stratum_pow2`).
     """
     g = uniform(k0, k1, gidx)
     if mode != CORRELATED:
         return g
-    slot = stratum(hash_u32(p0, p1, gidx), rank, world)
+    if pow2:
+        slot = stratum_pow2(hash_u32(p0, p1, gidx), rank, world)
+    else:
+        slot = stratum(hash_u32(p0, p1, gidx), rank, world)
     return (np.float32(slot) + g) / np.float32(world)
 
 
@@ -146,7 +152,7 @@ def chain_bracket(a, tab, nmag):
     return lo, vlo, vhi
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def float_bracket(a, mant, bias):
     """``(lo, tab[lo], tab[lo + 1])`` for ``a >= 0`` on a minifloat grid with subnormals.
 
@@ -176,7 +182,7 @@ def float_bracket(a, mant, bias):
 
 @nb.njit(inline="always", cache=True)
 def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias, emode,
-                 k0, k1, p0, p1, rank, world, gidx):
+                 k0, k1, p0, p1, rank, world, gidx, pow2):
     """Sign-magnitude code (uint32) of the normalised value ``y = (x * pre) * inv``.
 
     ``|y|`` equals ``|x * pre| * inv`` bit for bit (float32 products are sign-symmetric), so
@@ -184,12 +190,13 @@ def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, 
     ``family`` (a literal, see :func:`dynamiq.kernels.tables.element_family`) picks how the
     levels are searched: 1 minifloat arithmetic, 2 integer levels, 3 compares against every
     level (small tables), 0 the bucket lookup (any table). All give the table search's bits;
-    the first three keep the element loop free of gathers.
+    the first three keep the element loop free of gathers. ``pow2``: see
+    :func:`draw_uniform`.
     """
     a = abs(y)
     u = np.float32(0.0)
     if emode != NEAREST:
-        u = draw_uniform(emode, k0, k1, p0, p1, rank, world, gidx)
+        u = draw_uniform(emode, k0, k1, p0, p1, rank, world, gidx, pow2)
     if family == 0:
         lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
         m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)

@@ -1,4 +1,9 @@
-"""Numba twin of :mod:`dynamiq.rng` (bit-identical)."""
+"""Numba twin of :mod:`dynamiq.rng` (bit-identical).
+
+These take and return scalars only, so they are compiled once (and cached) as ordinary
+functions that LLVM inlines into the element loops, rather than copied into each caller by
+Numba: that keeps the generated kernels' compile time down at no cost in speed.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ _MASK = np.uint64(MASK32)
 _GOLD = np.uint64(GOLDEN)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def fmix32(h):
     h = np.uint64(h) & _MASK
     h ^= h >> np.uint64(16)
@@ -25,7 +30,7 @@ def fmix32(h):
     return h
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def hash_u32(k0, k1, index):
     """uint32 hash (held in a uint64) of ``index`` under key ``(k0, k1)``."""
     idx = np.uint64(index)
@@ -35,14 +40,14 @@ def hash_u32(k0, k1, index):
     return fmix32(h ^ np.uint64(k1) ^ ((hi * _HI_MUL) & _MASK))
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def uniform(k0, k1, index):
     """float32 in [0, 1) with 24 random bits."""
     h = hash_u32(k0, k1, index)
     return np.float32(h >> np.uint64(8)) * np.float32(5.9604644775390625e-08)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def stratum(h, rank, world):
     """Numba twin of :func:`dynamiq.rng.stratum` for one element (uint64 result)."""
     w = np.uint64(world)
@@ -60,3 +65,22 @@ def stratum(h, rank, world):
         x = y ^ (y >> s)
         if x < w:
             return x
+
+
+@nb.njit(cache=True)
+def stratum_pow2(h, rank, world):
+    """:func:`stratum` for a power-of-two ``world``, without loops.
+
+    Then the permutation's domain is exactly ``[0, world)``, so the cycle walk ends after its
+    first step, and ``log2(world)`` is the float32 exponent of ``world``: the same result, in
+    code an element loop can vectorise.
+    """
+    w = np.uint64(world)
+    k = np.uint64((np.float32(world).view(np.uint32) >> np.uint32(23)) - np.uint32(127))
+    m = w - np.uint64(1)
+    s = (k + np.uint64(1)) >> np.uint64(1)
+    hh = np.uint64(h)
+    a = (hh & m) | np.uint64(1)
+    b = (hh >> np.uint64(16)) & m
+    y = (a * np.uint64(rank) + b) & m
+    return y ^ (y >> s)

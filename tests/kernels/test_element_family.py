@@ -1,0 +1,97 @@
+"""The arithmetic and compare searches of element levels agree with the table search.
+
+:func:`dynamiq.kernels.tables.element_family` gives a format an arithmetic search only when the
+search reproduces its table; these tests check the classification and then, exhaustively over
+dense sets of magnitudes (every level, its neighbours one float32 step away, midpoints, values
+past the top, subnormals), that each family's Numba search returns the table search's code.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import pytest
+
+from dynamiq.formats import EpsilonFormat, FloatFormat, IntFormat
+from dynamiq.kernels.abi import Rounding
+from dynamiq.kernels.numba.elements import element_code
+from dynamiq.kernels.tables import (
+    FAMILY_CHAIN,
+    FAMILY_FLOAT,
+    FAMILY_INT,
+    FAMILY_TABLE,
+    FormatTables,
+    element_family,
+)
+
+FORMATS = [
+    (FloatFormat(2, 1), FAMILY_FLOAT),  # e2m1 (MXFP4's elements)
+    (FloatFormat(3, 2), FAMILY_FLOAT),
+    (FloatFormat(4, 3, special="fn"), FAMILY_FLOAT),  # e4m3 (MXFP8's elements)
+    (FloatFormat(5, 2), FAMILY_FLOAT),  # e5m2
+    (FloatFormat(4, 3, subnormals=False), FAMILY_TABLE),
+    (IntFormat(4), FAMILY_INT),
+    (IntFormat(8), FAMILY_INT),
+    (IntFormat(4, normalized=True), FAMILY_CHAIN),
+    (IntFormat(8, normalized=True), FAMILY_TABLE),
+    (EpsilonFormat(4, 0.19), FAMILY_CHAIN),
+    (EpsilonFormat(5, 0.19), FAMILY_CHAIN),
+    (EpsilonFormat(8, 0.09), FAMILY_TABLE),
+]
+
+
+def _probe(mags: np.ndarray) -> np.ndarray:
+    """Every level, its float32 neighbours, midpoints, tiny and huge values (float32)."""
+    m = mags.astype(np.float32)
+    up = np.nextafter(m, np.float32(np.inf))
+    down = np.nextafter(m, np.float32(0))
+    mid = ((m[:-1].astype(np.float64) + m[1:]) / 2).astype(np.float32)
+    tiny = np.array([0.0, 1e-45, 1e-40, 1e-30, 2.0**-126], np.float32)
+    big = np.array([m[-1] * 1.01, m[-1] * 2, 3.0e38], np.float32)
+    return np.unique(np.concatenate([m, up, down, mid, tiny, big]).astype(np.float32))
+
+
+@nb.njit(cache=False)
+def _codes(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias, emode, u0, out):
+    for i in range(y.size):
+        # emode NEAREST ignores the keys; STOCHASTIC draws from them (the same for every family)
+        out[i] = element_code(y[i], etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant,
+                              bias, emode, u0, 7, 0, 0, 0, 1, i, False)
+
+
+def _run(fmt, family: int, emode: int, y: np.ndarray) -> np.ndarray:
+    t = FormatTables.of(fmt)
+    need = (1 << fmt.magnitude_bits) + 2
+    etab = np.concatenate([t.search, np.full(max(0, need - t.search.size), np.inf, np.float32)])
+    _, mant, bias = element_family(t.search[: t.nfin], fmt.magnitude_bits)
+    out = np.empty(y.size, np.uint32)
+    _codes(y, etab, t.nfin, t.lut, t.lshift, t.lkey0, len(t.lut), fmt.magnitude_bits, family,
+           mant, bias, emode, 12345, out)
+    return out
+
+
+@pytest.mark.parametrize("fmt,family", FORMATS, ids=[str(f) for f, _ in FORMATS])
+def test_family_classification(fmt, family):
+    t = FormatTables.of(fmt)
+    assert element_family(t.search[: t.nfin], fmt.magnitude_bits)[0] == family
+
+
+@pytest.mark.parametrize("emode", [Rounding.NEAREST, Rounding.STOCHASTIC])
+@pytest.mark.parametrize("fmt,family", [f for f in FORMATS if f[1] != FAMILY_TABLE],
+                         ids=[str(f) for f, fam in FORMATS if fam != FAMILY_TABLE])
+def test_family_search_equals_table_search(fmt, family, emode):
+    t = FormatTables.of(fmt)
+    y = _probe(t.search[: t.nfin])
+    y = np.concatenate([y, -y])  # the sign bit travels apart from the magnitude
+    fast = _run(fmt, family, int(emode), y)
+    table = _run(fmt, FAMILY_TABLE, int(emode), y)
+    bad = np.flatnonzero(fast != table)
+    assert bad.size == 0, (f"{fmt}: first mismatch at |y|={y[bad[0]]!r}: "
+                           f"{fast[bad[0]]} vs table {table[bad[0]]}")
+
+
+def test_chain_applies_to_any_small_table():
+    # a level set that is no grid at all still gets the compare search at 4 bits
+    mags = np.array([0.0, 0.1, 0.15, 0.7, 0.71, 2.0, 9.0, 9.5], np.float32)
+    assert element_family(mags, 3)[0] == FAMILY_CHAIN
+    assert element_family(np.linspace(0, 1, 128, dtype=np.float32) ** 3, 7)[0] == FAMILY_TABLE
