@@ -1,30 +1,80 @@
 """``dynamiq.all_reduce`` against ``torch.distributed.all_reduce``, over gloo on loopback.
 
 Each world size is a fresh set of processes on this machine, started by
-:func:`dynamiq.collectives.launch.launch`. For every tensor size both collectives reduce the
-same float32 input; a time is the slowest rank's wall time of one call (ranks start together
-after a barrier), and the reported time is the best over ``repeat`` calls after one warm-up. On
-loopback the wire is memory, so the ratio mostly measures the executor's overhead (and, for
-compressing pipelines, the codec's compute) rather than the bandwidth a real network would
-save; the bits per coordinate are what each rank actually sent.
+:func:`dynamiq.collectives.launch.launch`. For every tensor size all methods reduce the same
+float32 input: torch's all-reduce in FP32 and of the input cast to BF16, and each dynamiq
+pipeline. A time is the slowest rank's wall time of one call (ranks start together after a
+barrier); every method is called once to warm up, then the methods take turns for ``repeat``
+rounds (so a load that drifts during the run hits them alike); the best round counts, and the
+median is reported too (steadier than the best on a machine shared with other work). On
+loopback the wire is memory, so the ratios mostly measure the executor's overhead and the
+codec's compute rather than the bandwidth a real network would save; the bits per coordinate
+are what each rank actually sent. For dynamiq pipelines the best call's
+:class:`~dynamiq.collectives.p2p.P2PStats` tell where rank 0's time went.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from dynamiq.bench.output import stderr_log, write_rows
 from dynamiq.collectives import api
 from dynamiq.collectives.launch import launch
 
-__all__ = ["run"]
+__all__ = ["DEFAULT_PIPELINES", "TORCH_METHODS", "AllReduceRow", "run"]
 
-#: Seconds one tensor size may take in a world (the whole world gets this per size).
-_SECONDS_PER_SIZE = 900
+#: The dynamiq pipelines compared by default (registered names).
+DEFAULT_PIPELINES = ("passthrough-fp32", "bf16", "mxfp8", "dynamiq")
+#: torch's own all-reduce of the float32 input, and of the input cast to bfloat16.
+TORCH_METHODS = ("torch-fp32", "torch-bf16")
+
+#: Seconds one tensor size may take in a world, per method (first calls compile kernels).
+_SECONDS_PER_CASE = 300
+
+
+@dataclass
+class AllReduceRow:
+    """One method at one world size and tensor size.
+
+    Attributes:
+        world_size: Ranks.
+        size_mb: float32 tensor size in MB (2**20 bytes).
+        numel: Coordinates.
+        method: ``torch-fp32``, ``torch-bf16`` or the pipeline name given.
+        pipeline: The pipeline's spec string (``""`` for torch).
+        seconds: Best slowest-rank wall time of one call.
+        ratio: ``seconds`` over torch FP32's.
+        median_seconds: Median over the rounds of the slowest-rank wall time.
+        median_ratio: ``median_seconds`` over torch FP32's.
+        codec_seconds, wire_seconds, wait_seconds, metadata_seconds: Rank 0's split of the
+            best call (:class:`~dynamiq.collectives.p2p.P2PStats`; 0 for torch).
+        bits_per_coord: Per rank, bits sent per coordinate (torch: what a ring all-reduce of
+            its payload sends, ``2(n-1)/n`` times its width).
+        max_abs_diff: Largest ``|result - torch FP32 result|`` on rank 0.
+    """
+
+    world_size: int
+    size_mb: float
+    numel: int
+    method: str
+    pipeline: str
+    seconds: float
+    ratio: float = 0.0
+    median_seconds: float = 0.0
+    median_ratio: float = 0.0
+    codec_seconds: float = 0.0
+    wire_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    metadata_seconds: float = 0.0
+    bits_per_coord: list[float] = field(default_factory=list)
+    max_abs_diff: float = 0.0
 
 
 def _slowest(seconds: float) -> float:
@@ -33,106 +83,157 @@ def _slowest(seconds: float) -> float:
     return float(t)
 
 
-def _time(fn: Callable[[], None], reset: Callable[[], None], repeat: int) -> float:
-    reset()
-    fn()  # warm-up: first-call costs (buffers, schedules, kernels) are not the steady state
-    best = float("inf")
-    for _ in range(repeat):
-        reset()
+def _case(rank: int, numel: int, methods: Sequence[str], repeat: int) -> dict[str, dict]:
+    """Every method on one input: best time, the best call's stats, the result's deviation."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    bufs = {m: torch.empty(numel, dtype=torch.bfloat16 if m == "torch-bf16" else torch.float32)
+            for m in methods}
+    stats = {m: api.P2PStats() for m in methods}
+
+    def call(m: str) -> float:
+        t = bufs[m]
+        t.copy_(x)
         dist.barrier()
         t0 = time.perf_counter()
-        fn()
-        best = min(best, _slowest(time.perf_counter() - t0))
+        if m in TORCH_METHODS:
+            dist.all_reduce(t)
+        else:
+            api.all_reduce(t, m, stats=stats[m])
+        return _slowest(time.perf_counter() - t0)
+
+    best: dict[str, dict] = {m: {"seconds": float("inf")} for m in methods}
+    rounds: dict[str, list[float]] = {m: [] for m in methods}
+    for m in methods:
+        call(m)  # warm-up: first-call costs (buffers, schedules, kernels) are not the steady state
+    for _ in range(repeat):
+        for m in methods:
+            s = call(m)
+            rounds[m].append(s)
+            if s < best[m]["seconds"]:
+                st = stats[m]
+                best[m] = {"seconds": s, "codec_seconds": st.codec_seconds,
+                           "wire_seconds": st.wire_seconds, "wait_seconds": st.wait_seconds,
+                           "metadata_seconds": st.metadata_seconds,
+                           "bits_per_coord": st.bits_per_coord}
+    ref = bufs["torch-fp32"]
+    ring = 2 * (dist.get_world_size() - 1) / dist.get_world_size()
+    for m in methods:
+        best[m]["median_seconds"] = statistics.median(rounds[m])
+        if m in TORCH_METHODS:
+            # what a ring all-reduce of the payload sends per coordinate, like dynamiq's count
+            best[m]["bits_per_coord"] = ring * (16.0 if m == "torch-bf16" else 32.0)
+        best[m]["max_abs_diff"] = float((bufs[m].float() - ref).abs().max())
     return best
 
 
-def _measure(rank: int, numel: int, pipeline: str, repeat: int) -> dict:
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-    ref, ours = torch.empty_like(x), torch.empty_like(x)
-    stats = api.P2PStats()  # the latest call's
-    torch_s = _time(lambda: dist.all_reduce(ref), lambda: ref.copy_(x), repeat)
-    ours_s = _time(lambda: api.all_reduce(ours, pipeline, stats=stats), lambda: ours.copy_(x),
-                   repeat)
-    return {"torch_s": torch_s, "dynamiq_s": ours_s,
-            "bits_per_coord": stats.bits_per_coord,
-            "max_abs_diff": float((ours - ref).abs().max()),
-            "max_abs_ref": float(ref.abs().max())}
-
-
-def _worker(rank: int, n: int, sizes_mb: tuple[float, ...], pipeline: str,
+def _worker(rank: int, n: int, sizes_mb: tuple[float, ...], methods: tuple[str, ...],
             repeat: int) -> list[dict]:
     """One rank's measurements, one per tensor size (run in a launched process)."""
-    items = []
-    for mb in sizes_mb:
-        numel = max(1, int(mb * 2**20 / 4))
-        item = {"world_size": n, "rank": rank, "size_mb": mb, "numel": numel}
-        item.update(_measure(rank, numel, pipeline, repeat))
-        items.append(item)
-    return items
+    return [_case(rank, max(1, int(mb * 2**20 / 4)), methods, repeat) for mb in sizes_mb]
 
 
-def _row(r: dict) -> str:
-    bits = r["bits_per_coord"]
-    bits_txt = f"{min(bits):.2f}" if max(bits) == min(bits) else f"{min(bits):.2f}-{max(bits):.2f}"
-    return (f"{r['world_size']:>5} {r['size_mb']:>8g} {r['torch_s'] * 1e3:>10.2f} "
-            f"{r['dynamiq_s'] * 1e3:>11.2f} {r['overhead']:>9.2f}x {bits_txt:>12} "
-            f"{r['max_abs_diff']:>11.3g}")
-
-
-_HEADER = (f"{'world':>5} {'MB':>8} {'torch ms':>10} {'dynamiq ms':>11} {'overhead':>10} "
-           f"{'bits/coord':>12} {'max |diff|':>11}")
+def _tables(rows: list[AllReduceRow], methods: Sequence[str], out: Callable[[str], None]
+            ) -> None:
+    cases = sorted({(r.world_size, r.size_mb) for r in rows})
+    by = {(r.world_size, r.size_mb, r.method): r for r in rows}
+    width = max(23, *(len(m) for m in methods))
+    out("\ntime per call: best ms (ratio to torch-fp32's best | median over rounds to its "
+        "median)")
+    head = f"{'world':>5} {'MB':>6} " + " ".join(f"{m:>{width}}" for m in methods)
+    out(head)
+    out("-" * len(head))
+    for n, mb in cases:
+        cells = []
+        for m in methods:
+            r = by[(n, mb, m)]
+            cell = f"{r.seconds * 1e3:.2f} ({r.ratio:.2f}x | {r.median_ratio:.2f}x)"
+            cells.append(f"{cell:>{width}}")
+        out(f"{n:>5} {mb:>6g} " + " ".join(cells))
+    pipes = [m for m in methods if m not in TORCH_METHODS]
+    if not pipes:
+        return
+    out("\ndynamiq time split on rank 0, ms (best call): codec / wire / wait / metadata, and "
+        "the rest of the total (local statistics, transforms, bookkeeping, rank skew)")
+    head = (f"{'world':>5} {'MB':>6} {'pipeline':<{width}} {'total':>8} {'codec':>8} "
+            f"{'wire':>8} {'wait':>8} {'meta':>8} {'other':>8} {'bits/coord':>11} "
+            f"{'max |diff|':>10}")
+    out(head)
+    out("-" * len(head))
+    for n, mb in cases:
+        for m in pipes:
+            r = by[(n, mb, m)]
+            bits = r.bits_per_coord
+            bits_txt = (f"{min(bits):.2f}" if max(bits) == min(bits)
+                        else f"{min(bits):.2f}-{max(bits):.2f}")
+            split = (r.codec_seconds, r.wire_seconds, r.wait_seconds, r.metadata_seconds)
+            cells = " ".join(f"{v * 1e3:>8.2f}" for v in (*split, r.seconds - sum(split)))
+            out(f"{n:>5} {mb:>6g} {m:<{width}} {r.seconds * 1e3:>8.2f} {cells} "
+                f"{bits_txt:>11} {r.max_abs_diff:>10.3g}")
 
 
 def run(
-    world_sizes: tuple[int, ...] = (2, 4),
-    sizes_mb: tuple[float, ...] = (1, 4, 16, 64),
-    pipeline: str = "passthrough-fp32",
+    world_sizes: Sequence[int] = (2, 4),
+    sizes_mb: Sequence[float] = (4, 16, 64),
+    pipelines: Sequence[str] = DEFAULT_PIPELINES,
     repeat: int = 3,
-    log: Callable[[str], None] = print,
-) -> dict:
-    """Time ``dynamiq.all_reduce`` and ``torch.distributed.all_reduce`` on loopback gloo worlds.
+    *,
+    json_path: str | None = None,
+    out: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
+) -> list[AllReduceRow]:
+    """Time torch's and dynamiq's all-reduce on loopback gloo worlds, side by side.
 
     Args:
         world_sizes: Numbers of processes, one spawned world each.
         sizes_mb: float32 tensor sizes in MB (2**20 bytes).
-        pipeline: Registered pipeline name or spec string.
-        repeat: Timed calls per collective and size (after one warm-up); the best is kept.
-        log: Where progress lines and the table go.
+        pipelines: Registered pipeline names or spec strings of ``dynamiq.all_reduce``.
+        repeat: Timed rounds after one warm-up; the best time of each method is kept.
+        json_path: Also write the rows to this JSON file.
+        out: Where the tables go.
+        log: Where progress lines go (default: standard error).
 
     Returns:
-        JSON-serialisable ``{"pipeline", "repeat", "results": [...]}``; one result per world
-        size and tensor size with ``torch_s``, ``dynamiq_s``, ``overhead`` (their ratio),
-        ``bits_per_coord`` (per rank, from the bytes actually sent) and ``max_abs_diff``
-        between the two results (rank 0).
+        One row per world size, tensor size and method (torch FP32, torch BF16, then the
+        pipelines in the order given).
     """
     from dynamiq.pipeline import get_pipeline
 
-    spec = str(get_pipeline(pipeline))  # fail here, not in n processes
+    if log is None:
+        log = stderr_log
+    specs = {name: str(get_pipeline(name)) for name in pipelines}  # fail here, not in n ranks
     if repeat < 1:
         raise ValueError("repeat must be >= 1")
+    methods = (*TORCH_METHODS, *(m for m in pipelines if m not in TORCH_METHODS))
     cores = os.cpu_count() or 1
-    results = []
-    log(f"all-reduce benchmark: {spec} vs torch.distributed (gloo, loopback), best of {repeat}")
+    rows: list[AllReduceRow] = []
+    log(f"all-reduce benchmark on loopback gloo: {', '.join(methods)}; best of {repeat}")
     for n in world_sizes:
         threads = max(1, cores // n)
         log(f"world size {n}: spawning {n} processes ({threads} thread(s) each)")
-        per_rank = launch(_worker, n, (tuple(sizes_mb), pipeline, repeat),
-                          timeout=_SECONDS_PER_SIZE * max(1, len(sizes_mb)), group_timeout=600,
+        per_rank = launch(_worker, n, (tuple(sizes_mb), methods, repeat),
+                          timeout=_SECONDS_PER_CASE * len(sizes_mb) * len(methods),
+                          group_timeout=600,
                           # read by numba when a process imports it
                           env={"NUMBA_NUM_THREADS": str(threads)}, num_threads=threads)
-        for got in zip(*per_rank):
-            r0 = got[0]
-            res = {
-                "world_size": n, "size_mb": r0["size_mb"], "numel": r0["numel"],
-                "torch_s": r0["torch_s"], "dynamiq_s": r0["dynamiq_s"],
-                "overhead": r0["dynamiq_s"] / r0["torch_s"],
-                "bits_per_coord": [d["bits_per_coord"] for d in got],
-                "max_abs_diff": r0["max_abs_diff"], "max_abs_ref": r0["max_abs_ref"],
-            }
-            results.append(res)
-            log(f"  {r0['size_mb']:g} MB: torch {res['torch_s'] * 1e3:.2f} ms, dynamiq "
-                f"{res['dynamiq_s'] * 1e3:.2f} ms ({res['overhead']:.2f}x)")
-    log(_HEADER)
-    for r in results:
-        log(_row(r))
-    return {"pipeline": spec, "repeat": repeat, "results": results}
+        for mb, got in zip(sizes_mb, zip(*per_rank)):
+            base = got[0]["torch-fp32"]
+            for m in methods:
+                r0 = got[0][m]
+                rows.append(AllReduceRow(
+                    world_size=n, size_mb=mb, numel=max(1, int(mb * 2**20 / 4)), method=m,
+                    pipeline=specs.get(m, ""), seconds=r0["seconds"],
+                    ratio=r0["seconds"] / base["seconds"],
+                    median_seconds=r0["median_seconds"],
+                    median_ratio=r0["median_seconds"] / base["median_seconds"],
+                    codec_seconds=r0.get("codec_seconds", 0.0),
+                    wire_seconds=r0.get("wire_seconds", 0.0),
+                    wait_seconds=r0.get("wait_seconds", 0.0),
+                    metadata_seconds=r0.get("metadata_seconds", 0.0),
+                    bits_per_coord=[g[m]["bits_per_coord"] for g in got],
+                    max_abs_diff=r0["max_abs_diff"]))
+            log(f"  {mb:g} MB: " + ", ".join(f"{m} {got[0][m]['seconds'] * 1e3:.2f} ms"
+                                             for m in methods))
+    _tables(rows, methods, out)
+    if json_path:
+        write_rows(rows, json_path, log)
+    return rows

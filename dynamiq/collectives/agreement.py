@@ -10,6 +10,14 @@ one ``all_reduce`` (:func:`check_call`); a mismatch raises :class:`CallMismatchE
 within ``timeout`` seconds raises ``TimeoutError`` (the check is a collective: it knows that
 some rank is missing, not which). Then :func:`exchange_metadata` combines the pipeline's
 metadata statistics across ranks.
+
+The fingerprint exchange is a full collective round trip (milliseconds on a loaded machine),
+so an executor may run it once per kind of call: :class:`AgreedCalls` remembers the calls
+(group, pipeline, size, dtype, op, tile size) whose check succeeded, and later calls of the same
+kind skip it. Their call counters still agree, because every rank counts the same calls of that
+kind and a refused call is counted nowhere. A refused call that stays counted (later calls of
+its group, pipeline and size were already queued behind it, see :mod:`dynamiq.collectives.api`)
+makes those kinds be checked again (:meth:`AgreedCalls.forget`), so the shifted count is caught.
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ import torch.distributed as dist
 
 from dynamiq.collectives.transport import start_all_reduce, translated, wait
 
-__all__ = ["CALL_COUNTERS", "OPS", "CallCounters", "CallMismatchError", "check_call",
-           "exchange_metadata", "reset_call_counters"]
+__all__ = ["AGREED_CALLS", "CALL_COUNTERS", "OPS", "AgreedCalls", "CallCounters",
+           "CallMismatchError", "check_call", "exchange_metadata", "reset_call_counters"]
 
 
 class CallMismatchError(RuntimeError):
@@ -64,15 +72,21 @@ class CallCounters:
             self._calls[key] = call + 1
         return call
 
-    def undo(self, key: tuple, call: int) -> None:
+    def undo(self, key: tuple, call: int) -> bool:
         """Uncount ``call`` of ``key`` (refused on every rank), unless a later call of the same
-        key was issued meanwhile: renumbering that one is impossible once it is queued."""
+        key was issued meanwhile: renumbering that one is impossible once it is queued.
+
+        Returns:
+            Whether the call was uncounted.
+        """
         with self._lock:
-            if self._calls.get(key) == call + 1:
-                if call:
-                    self._calls[key] = call
-                else:
-                    del self._calls[key]
+            if self._calls.get(key) != call + 1:
+                return False
+            if call:
+                self._calls[key] = call
+            else:
+                del self._calls[key]
+            return True
 
     def reset(self) -> None:
         """Restart every counter at 0."""
@@ -95,9 +109,62 @@ class CallCounters:
 CALL_COUNTERS = CallCounters()
 
 
+class AgreedCalls:
+    """Kinds of calls whose fingerprint check succeeded, per group (see the module docstring).
+
+    A kind is ``(group key, pipeline spec, numel, dtype, op, tile size)``; the group key is the
+    weak reference of :mod:`dynamiq.collectives.buffers`, so the kinds of a freed group go
+    with it (:meth:`forget_group`).
+    """
+
+    def __init__(self) -> None:
+        # reentrant for the same reason as CallCounters
+        self._lock = threading.RLock()
+        self._kinds: set[tuple] = set()
+
+    def __contains__(self, kind: tuple) -> bool:
+        with self._lock:
+            return kind in self._kinds
+
+    def add(self, kind: tuple) -> None:
+        """Remember that every rank agreed on a call of ``kind``."""
+        with self._lock:
+            self._kinds.add(kind)
+
+    def reset(self) -> None:
+        """Forget every kind: the next call of each is checked again."""
+        with self._lock:
+            self._kinds.clear()
+
+    def forget(self, key: tuple) -> None:
+        """Forget the kinds of the calls counted under ``key`` (``(group key, pipeline spec,
+        numel)``, as :class:`CallCounters` counts them): their next calls are checked again."""
+        with self._lock:
+            self._kinds = {k for k in self._kinds if k[:3] != key}
+
+    def forget_group(self, group_ref: weakref.ref) -> None:
+        """Drop the kinds of a freed group."""
+        with self._lock:
+            self._kinds = {k for k in self._kinds if k[0] is not group_ref}
+
+    def holds(self, group_ref: weakref.ref) -> bool:
+        """Whether a kind of the group with key ``group_ref`` is kept."""
+        with self._lock:
+            return any(k[0] is group_ref for k in self._kinds)
+
+
+#: The agreed kinds of calls of the P2P executor (``check="first"``).
+AGREED_CALLS = AgreedCalls()
+
+
 def reset_call_counters() -> None:
-    """Restart every call counter at 0 (all ranks must do it at the same point)."""
+    """Restart every call counter at 0 (all ranks must do it at the same point).
+
+    The fingerprint of the next call of every kind is exchanged again, so counters that had
+    drifted apart are caught there.
+    """
     CALL_COUNTERS.reset()
+    AGREED_CALLS.reset()
 
 
 # ---- the call's fingerprint -------------------------------------------------------------------

@@ -1,14 +1,18 @@
 """``dynamiq.all_reduce``: a drop-in for ``torch.distributed.all_reduce`` with compressed hops.
 
-It runs the P2P executor (:mod:`dynamiq.collectives.p2p`) on a float32 copy of the tensor and
-writes the result back in place. Each process counts its calls per (group, pipeline, size)
-(:mod:`dynamiq.collectives.agreement`); the count keys the random numbers, so successive calls
-draw fresh randomness and every rank agrees on it without communication (the count is verified
-across ranks with the other call metadata).
-A call that the ranks disagree on is refused on every rank before any data moves and is not
-counted, so the next matching call works (unless later calls of the same group, pipeline and
-size were already queued with ``async_op``: then the counters may differ, and the error of
-that mismatch says to call :func:`reset_call_counters` on every rank).
+It runs the P2P executor (:mod:`dynamiq.collectives.p2p`) on the tensor itself when it is
+contiguous float32 (otherwise on a float32 copy, written back at the end). Each process counts
+its calls per (group, pipeline, size) (:mod:`dynamiq.collectives.agreement`); the count keys
+the random numbers, so successive calls draw fresh randomness and every rank agrees on it
+without communication.
+
+The first call of each kind (group, pipeline, size, dtype, op) compares a fingerprint of the
+call, call count included, across the ranks; later calls of that kind skip the comparison (it
+costs a collective round trip) and rely on every rank counting the same calls. A call that
+the ranks disagree on is refused on every rank before any data moves and is not counted, so
+the next matching call works (unless later calls of the same group, pipeline and size were
+already queued with ``async_op``: then the counters may differ, and the error of that mismatch
+says to call :func:`reset_call_counters` on every rank).
 """
 
 from __future__ import annotations
@@ -20,20 +24,31 @@ import threading
 import torch
 import torch.distributed as dist
 
-from dynamiq.collectives.agreement import CALL_COUNTERS, CallMismatchError, reset_call_counters
+from dynamiq.collectives.agreement import (
+    AGREED_CALLS,
+    CALL_COUNTERS,
+    CallMismatchError,
+    reset_call_counters,
+)
 from dynamiq.collectives.buffers import PROGRAM_CACHE
-from dynamiq.collectives.p2p import P2PStats, run_p2p
+from dynamiq.collectives.p2p import ACCUMULATOR_WRITTEN, P2PStats, run_p2p
 from dynamiq.collectives.transport import MAX_TIMEOUT, check_timeout
 from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
-__all__ = ["MAX_TIMEOUT", "AllReduceWork", "CallMismatchError", "P2PStats", "all_reduce",
-           "reset_call_counters"]
+__all__ = ["MAX_TIMEOUT", "UNSPECIFIED", "AllReduceWork", "CallMismatchError", "P2PStats",
+           "all_reduce", "reset_call_counters"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# a counter goes with its group
+# a counter and the agreed calls go with their group
 PROGRAM_CACHE.on_group_freed(CALL_COUNTERS.forget_group)
+PROGRAM_CACHE.on_group_freed(AGREED_CALLS.forget_group)
+
+#: Appended to the message of an error raised after the call began writing the result into
+#: the caller's tensor.
+UNSPECIFIED = ("The tensor's values are unspecified now: the call had begun writing the result "
+               "into it (an error before that leaves it untouched).")
 
 # one worker thread: asynchronous calls run one at a time, in the order they were issued, which
 # is the order every rank issues them in (collectives must not be reordered)
@@ -68,7 +83,8 @@ class AllReduceWork:
             TimeoutError: ``timeout`` passed first (the collective keeps running), or the
                 collective timed out.
             RuntimeError: the collective failed (e.g. the ranks disagree on the call:
-                :class:`CallMismatchError`); the tensor is then unchanged.
+                :class:`CallMismatchError`); the tensor is then unchanged, unless the message
+                says that its values are unspecified (see :func:`all_reduce`).
         """
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
@@ -131,6 +147,14 @@ def _drain() -> None:
     concurrent.futures.wait(waiting)
 
 
+def _say_unspecified(e: BaseException) -> None:
+    """Append :data:`UNSPECIFIED` to ``e``'s message (as a note when it has no plain one)."""
+    if len(e.args) == 1 and isinstance(e.args[0], str):
+        e.args = (f"{e.args[0]}. {UNSPECIFIED}",)
+    else:
+        e.add_note(UNSPECIFIED)
+
+
 def all_reduce(
     tensor: torch.Tensor,
     pipeline: str | Pipeline = "passthrough-fp32",
@@ -151,14 +175,21 @@ def all_reduce(
 
     Args:
         tensor: Any shape; float32, bfloat16 or float16; on the CPU (gloo; Numba kernels) or a
-            CUDA device (NCCL; Triton kernels); at least one element. Contiguity is not
-            required. It is
+            CUDA device (NCCL; Triton kernels); at least one element; contiguity is not
+            required. A contiguous float32 tensor is reduced in place (no copy); any other is
             flattened and widened to a float32 copy, reduced, and the result is cast back to
-            the tensor's dtype and written into it. If the call raises, ``tensor`` is untouched.
+            the tensor's dtype and written into it. If the call raises, ``tensor`` is
+            untouched, unless the error's message ends with
+            :data:`~dynamiq.collectives.api.UNSPECIFIED`: then the call had begun writing the
+            result into a tensor reduced in place (in a step of the exchange, or centering it
+            just before), and its values are unspecified. Calls refused up front (bad
+            arguments, :class:`CallMismatchError`) and failures of the metadata exchange
+            before step 0 always leave it untouched.
         pipeline: Pipeline, registered name (e.g. ``"requant-dq4"``) or spec string; the same
             on every rank.
         group: Process group (default: the world). All its ranks must call with the same
-            pipeline, size, dtype and op, in the same order.
+            pipeline, size, dtype and op, in the same order (see ``CallMismatchError`` for
+            what is checked when).
         op: ``"sum"`` / ``ReduceOp.SUM``, or ``"avg"`` / ``ReduceOp.AVG`` (the float32 sum
             divided by the group size); strings in any case. Plain ints are refused, though
             ``ReduceOp.AVG == 1``.
@@ -174,8 +205,9 @@ def all_reduce(
             tests). Every backend gives the same bits, so ranks need not agree on it.
         stats: A :class:`~dynamiq.collectives.p2p.P2PStats` to fill with this rank's
             statistics of the call (bytes and messages sent and received, metadata cost, call
-            number, wall time) once it succeeds: on return, or for ``async_op`` once ``wait()``
-            returns. Left unchanged when the call raises.
+            number, wall time and its split into codec, wire, waiting and metadata time) once
+            it succeeds: on return, or for ``async_op`` once ``wait()`` returns. Left
+            unchanged when the call raises.
 
     Returns:
         ``None``, or an :class:`AllReduceWork` when ``async_op``.
@@ -192,6 +224,12 @@ def all_reduce(
         CallMismatchError: ranks disagree on pipeline, size, dtype, op or call count (a
             ``RuntimeError``, raised on every rank before any data moves; the call is not
             counted, so the next matching call works; the message says how to recover).
+            Detected when every rank's call is the first of its kind (group, pipeline, size,
+            dtype, op) in this process since :func:`reset_call_counters`, which covers a first
+            call and every call that differs from all earlier ones on every rank. When some
+            ranks' calls are of kinds they already completed, those ranks skip the check:
+            the ranks time out instead (``TimeoutError`` naming the metadata exchange or a
+            step), and the group is unusable afterwards.
         RuntimeError: ``torch.distributed`` not initialized; a peer failed or closed its
             connection (names the step and peer).
         TimeoutError: a peer did not take part within ``timeout`` (names the step and peer).
@@ -224,22 +262,23 @@ def all_reduce(
     p.topology.check_world_size(dist.get_world_size(group))
     key = (PROGRAM_CACHE.group_key(group), spec, tensor.numel())
     call = CALL_COUNTERS.next(key)
-    if tensor.dtype == torch.float32 and tensor.is_contiguous():
-        # Reduce in place and keep a backup instead of working on a copy: one full-size copy
-        # per call instead of two, and the caller's values come back if anything raises.
+    in_place = tensor.dtype == torch.float32 and tensor.is_contiguous()
+    if in_place:
+        # the tensor is the executor's accumulator: no copy at all (and no backup: a failure
+        # once it is being written says so instead, see UNSPECIFIED)
         flat = tensor.detach().view(-1)
-        backup: torch.Tensor | None = flat.clone()
     else:
         # the private float32 copy doubles as the executor's accumulator (taken at issue time)
         flat = tensor.detach().reshape(-1).to(torch.float32, copy=True).contiguous()
-        backup = None
 
     def job() -> None:
         # the caller's stats change only once the tensor holds the result
         done = None if stats is None else P2PStats()
         try:
+            # the counters above number every call of a kind alike on every rank, so the
+            # fingerprint is compared on the first call of each kind only
             y = run_p2p(flat, p, group=group, call=call, timeout=timeout, dtype=tensor.dtype,
-                        op=mode, consume=True, backend=backend, stats=done)
+                        op=mode, consume=True, backend=backend, stats=done, check="first")
             with torch.no_grad():
                 if mode == "avg":
                     y = y.div_(dist.get_world_size(group))
@@ -248,13 +287,13 @@ def all_reduce(
             if stats is not None:
                 stats.update(done)
         except BaseException as e:
-            if backup is not None:
-                with torch.no_grad():
-                    flat.copy_(backup)
-            if isinstance(e, CallMismatchError):
-                # every rank refused this call before sending anything: uncounting it keeps
-                # the counters where they were, so the next matching call agrees
-                CALL_COUNTERS.undo(key, call)
+            if in_place and getattr(e, ACCUMULATOR_WRITTEN, False):
+                _say_unspecified(e)
+            # every rank refused this call before sending anything: uncounting it keeps the
+            # counters where they were, so the next matching call agrees; when a later call
+            # was queued already, its count has moved on, and checking it says so
+            if isinstance(e, CallMismatchError) and not CALL_COUNTERS.undo(key, call):
+                AGREED_CALLS.forget(key)
             raise
 
     global _executor

@@ -1,15 +1,17 @@
 """P2P executor: runs a pipeline's schedule over ``torch.distributed`` point-to-point messages.
 
 Every rank runs the per-rank logic of :mod:`dynamiq.collectives.engine` on its own data and
-moves bytes with ``isend``/``irecv`` (grouped by ``batch_isend_irecv`` on CUDA), so its result
-equals :func:`dynamiq.collectives.simulator.simulate` bit for bit, on every rank. Only the calls
-NCCL also offers are used (point-to-point ops, and an ``all_reduce`` of a small int64 tensor for
-the metadata check), on the caller's process ``group``; on the CPU the backend is gloo.
+moves bytes with point-to-point sends and receives (grouped by ``batch_isend_irecv`` on CUDA),
+so its result equals :func:`dynamiq.collectives.simulator.simulate` bit for bit, on every rank.
+Only the calls NCCL also offers are used (point-to-point ops, and an ``all_reduce`` of a small
+int64 tensor for the metadata check), on the caller's process ``group``; on the CPU the
+backend is gloo.
 
 A call goes through the modules next to this one:
 
 * :mod:`~dynamiq.collectives.agreement`: the ranks check that they agree on the call (raising
-  :class:`CallMismatchError` on every rank if not) and combine the metadata statistics;
+  :class:`CallMismatchError` on every rank if not), on every call or on the first of each kind
+  (``check=``), and combine the metadata statistics;
 * :mod:`~dynamiq.collectives.buffers`: the rank's cached program (tiled schedule, receive
   buffers, codec state), per process group;
 * :mod:`~dynamiq.collectives.tiling`: chunks larger than ``tile_elems`` travel as several
@@ -17,8 +19,11 @@ A call goes through the modules next to this one:
 * :mod:`~dynamiq.collectives.transport`: every wait has a deadline and every backend error is
   translated into a ``TimeoutError`` or ``RuntimeError`` naming the step and the peer.
 
-Per-call statistics (bytes sent, messages, metadata cost, time) are written into a
-:class:`P2PStats` that the caller passes in (``stats=``).
+Off CUDA the steps overlap: a step's receives are posted while the previous step's are still
+being taken in, and each message goes out as soon as the receives it depends on are in, so a
+tile travels on while the next one arrives. Per-call statistics (bytes, messages, metadata
+cost, and where the time went) are written into a :class:`P2PStats` that the caller passes in
+(``stats=``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dynamiq.collectives.agreement import OPS, CallMismatchError, check_call, exchange_metadata
-from dynamiq.collectives.buffers import PROGRAM_CACHE, Step
+from dynamiq.collectives.agreement import (
+    AGREED_CALLS,
+    OPS,
+    CallMismatchError,
+    check_call,
+    exchange_metadata,
+)
+from dynamiq.collectives.buffers import PROGRAM_CACHE, DirectState, Program, Step
 from dynamiq.collectives.engine import (
     Plan,
     RankState,
@@ -41,19 +52,21 @@ from dynamiq.collectives.engine import (
     undo_transforms,
 )
 from dynamiq.collectives.tiling import TILE_ELEMS, TiledPlan
-from dynamiq.collectives.transport import (
-    MAX_TIMEOUT,
-    check_timeout,
-    global_rank,
-    peer_name,
-    translated,
-    wait,
-)
+from dynamiq.collectives.transport import MAX_TIMEOUT, StepExchange, check_timeout
 from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
-__all__ = ["MAX_TIMEOUT", "TILE_ELEMS", "CallMismatchError", "P2PStats", "clear_cache",
-           "run_p2p"]
+__all__ = ["ACCUMULATOR_WRITTEN", "CHECKS", "MAX_TIMEOUT", "TILE_ELEMS", "CallMismatchError",
+           "P2PStats", "clear_cache", "run_p2p"]
+
+#: When the ranks exchange the call's fingerprint: on ``"every"`` call, or on the ``"first"``
+#: call of each kind (group, pipeline, size, dtype, op, tile size) until
+#: :func:`~dynamiq.collectives.agreement.reset_call_counters`.
+CHECKS = ("every", "first")
+
+#: Attribute set to ``True`` on an exception that :func:`run_p2p` raised, with ``consume``,
+#: after it began writing into the caller's tensor (whose values are then unspecified).
+ACCUMULATOR_WRITTEN = "dynamiq_accumulator_written"
 
 
 @dataclass
@@ -65,6 +78,9 @@ class P2PStats:
     the instance is left as it was when the call raises. One instance can be reused for
     successive calls; it then describes the latest one.
 
+    The four ``*_seconds`` parts are disjoint; ``seconds`` also counts what lies between them
+    (transforms, local statistics, the program lookup, Python bookkeeping).
+
     Attributes:
         rank, world_size: This rank in the group, and the group's size.
         numel: Coordinates reduced (before transforms).
@@ -74,11 +90,22 @@ class P2PStats:
             metadata check is counted apart in ``metadata_bytes``).
         messages_sent: Point-to-point messages sent (tiles count one each).
         metadata_bytes: Bytes of the tensors all-reduced before the exchange (the call
-            fingerprint, plus the metadata values in their float64 containers).
+            fingerprint when it was exchanged, plus the metadata values in their float64
+            containers).
         metadata_bits: The metadata phase's cost as accounted in ``b̄`` (16 bits per BF16
             statistic value, 8 per fp8 one plus a shift byte; see
             :mod:`dynamiq.metadata`).
+        checked: Whether this call exchanged the fingerprint (see ``check`` of
+            :func:`run_p2p`).
         seconds: Wall time of the call on this rank.
+        metadata_seconds: Time in the collectives before the first step: the fingerprint
+            check and the exchange of metadata statistics, waiting for the peers included.
+        codec_seconds: Time in the codec: compressing messages, and decompressing,
+            accumulating and recompressing what arrives (for FP32 passthrough, adding the
+            partial sums into the accumulator).
+        wire_seconds: Time spent posting sends and receives to the backend (on gloo a send
+            may write its bytes to the socket right there).
+        wait_seconds: Time blocked in ``wait()`` for messages to arrive or leave.
         stats: The global per-block statistics of the metadata phase (or ``None``).
     """
 
@@ -92,7 +119,12 @@ class P2PStats:
     messages_sent: int = 0
     metadata_bytes: int = 0
     metadata_bits: int = 0
+    checked: bool = False
     seconds: float = 0.0
+    metadata_seconds: float = 0.0
+    codec_seconds: float = 0.0
+    wire_seconds: float = 0.0
+    wait_seconds: float = 0.0
     stats: dict | None = None
 
     @property
@@ -111,71 +143,51 @@ def clear_cache() -> None:
     PROGRAM_CACHE.clear()
 
 
-def _run_step(st: Step, state: RankState, group: dist.ProcessGroup | None, timeout: float,
-              stats: P2PStats) -> None:
-    """Run one step of this rank's program: its sends and receives, round by round."""
-    src = global_rank(group, st.recv_peer) if st.recvs else -1
-    dst = global_rank(group, st.send_peer) if st.sends else -1
-    where = f"step {st.index}"
-    inward = peer_name(group, st.recv_peer) if st.recvs else ""
-    outward = peer_name(group, st.send_peer) if st.sends else ""
-    recv_late = f"no message from {inward} within {timeout}s"
-    recv_failed = f"receiving from {inward} failed"
-    send_late = f"{outward} did not take our message within {timeout}s"
-    send_failed = f"sending to {outward} failed"
-    # NCCL needs a round's send and receive in one group; elsewhere (gloo) batch_isend_irecv
-    # issues them one by one anyway, and issuing them ourselves tells which peer's link failed
-    grouped = state.acc.device.type == "cuda"
-    outgoing = []  # keeps sent tensors alive until their send completes
-    recv_works, send_works = [], []
+def _begin_step(st: Step, run: StepExchange, i: int) -> None:
+    """The first thing this rank does for program step ``i`` (``st``): post its receives (on
+    CUDA, all of its operations). Off CUDA it runs while step ``i - 1`` is being taken in."""
+    if run.grouped:
+        run.post_grouped(i)
+    else:
+        run.post_recvs(i)
+
+
+def _run_step(st: Step, run: StepExchange, i: int) -> None:
+    """Run program step ``i`` (``st``): take in its receives, sending on what becomes ready."""
+    last = i + 1 == len(run.steps)
+    if run.grouped:
+        _begin_step(st, run, i)
+    elif not last:
+        # the peers can send the next step's messages as soon as they are made
+        _begin_step(run.steps[i + 1], run, i + 1)
+    for k in range(len(st.recvs)):
+        run.take(i, k)
+        if not run.grouped and not last and (end := run.ready(i + 1, k + 1)) > run.sent.get(
+                i + 1, 0):
+            # A send posted while an earlier one to the same peer is still leaving queues
+            # behind it for gloo's I/O thread instead of being written here and now: wait for
+            # this step's sends up to the same round first (they left while this round's
+            # receive arrived; later rounds' tiles may stay on their way).
+            run.finish_sends(i, end)
+            run.post_sends(i + 1, end)
+    run.finish_sends(i)
+    if not run.grouped and not last:
+        run.post_sends(i + 1, run.ready(i + 1))
+
+
+def _execute(prog: Program, state: RankState | DirectState, group: dist.ProcessGroup | None,
+             timeout: float, stats: P2PStats) -> None:
+    """Run every step of ``prog`` on ``state``."""
+    run = StepExchange(prog, state, group, timeout, stats)
     try:
-        # The k-th send and the k-th receive of the step go out together: on every rank, round
-        # k pairs up with round k of the peers (a rank hears from one peer per step), which
-        # keeps NCCL's grouped point-to-point calls deadlock-free, and the leaf compresses the
-        # tile of round k + 1 while round k is on the wire.
-        for k in range(max(len(st.sends), len(st.recvs))):
-            receiving, sending = k < len(st.recvs), k < len(st.sends)
-            data = None
-            if sending:
-                data = state.message(st.sends[k])
-                outgoing.append(data)
-                stats.bytes_sent += data.numel() * data.element_size()
-                stats.messages_sent += 1
-            if grouped:
-                ops = []
-                if receiving:
-                    ops.append(dist.P2POp(dist.irecv, st.bufs[k], src, group))
-                if sending:
-                    ops.append(dist.P2POp(dist.isend, data, dst, group))
-                peers = " and ".join(p for p in (inward, outward) if p)
-                with translated(where, f"exchanging with {peers} timed out",
-                                 f"exchanging with {peers} failed", peers):
-                    works = dist.batch_isend_irecv(ops)
-                per_op = works if len(works) == len(ops) else [works[-1]] * len(ops)
-                if receiving:
-                    recv_works.append(per_op[0])
-                if sending:
-                    send_works.append(per_op[-1])
-                continue
-            if receiving:
-                with translated(where, recv_late, recv_failed, inward):
-                    recv_works.append(dist.irecv(st.bufs[k], src, group=group))
-            if sending:
-                with translated(where, send_late, send_failed, outward):
-                    send_works.append(dist.isend(data, dst, group=group))
-        for t, buf, work in zip(st.recvs, st.bufs, recv_works):
-            wait(work, timeout, where, recv_late, recv_failed, inward)
-            state.receive(t, buf)
-            stats.bytes_received += buf.numel()
-        for work in send_works:
-            wait(work, timeout, where, send_late, send_failed, outward)
+        if prog.steps and not run.grouped:
+            _begin_step(prog.steps[0], run, 0)
+            run.post_sends(0, run.ready(0))
+        for i, st in enumerate(prog.steps):
+            # both looked up here on every step (not bound once), so that tests can wrap them
+            _run_step(st, run, i)
     finally:
-        # After a failure the works left are abandoned: releasing them here, in the calling
-        # thread, makes gloo drop its references to their buffers now (it never touches a
-        # released buffer), instead of whenever the traceback holding this frame goes away.
-        recv_works.clear()
-        send_works.clear()
-        outgoing.clear()
+        run.release()
 
 
 def run_p2p(
@@ -191,11 +203,13 @@ def run_p2p(
     consume: bool = False,
     backend: str = "auto",
     stats: P2PStats | None = None,
+    check: str = "every",
 ) -> torch.Tensor:
     """All-reduce (sum) a flat float32 tensor over ``group`` with ``pipeline``.
 
     Every rank of ``group`` must call it with the same pipeline, length, ``call``, ``dtype``,
-    ``op`` and tile size; this is checked before any data moves.
+    ``op`` and tile size; this is checked before any data moves (with ``check="first"``, only
+    on the first call of each kind, see below).
 
     Args:
         tensor: float32[d], 1-D, contiguous, ``d >= 1``; not modified unless ``consume``.
@@ -212,12 +226,19 @@ def run_p2p(
         op: ``"sum"`` or ``"avg"``, only checked to agree across ranks: the result is the sum.
         consume: Use ``tensor`` itself as the accumulator instead of a copy (saves a pass over
             the data when the caller's tensor is a scratch copy anyway); its values are then
-            unspecified, and the result may share its memory.
+            unspecified, and the result may share its memory. When the call raises after it
+            began writing into ``tensor``, the exception has the attribute
+            :data:`ACCUMULATOR_WRITTEN` set to ``True``; without it, ``tensor`` is untouched.
         backend: Kernel backend of the transforms, the metadata statistics and the hops:
             ``"auto"`` (Triton for CUDA tensors, i.e. NCCL; Numba for CPU tensors, i.e. gloo),
             ``"numba"`` or ``"triton"``. Backends give the same bits, so ranks need not agree.
         stats: Filled with this rank's statistics of the call when it succeeds (see
             :class:`P2PStats`).
+        check: ``"every"``: exchange the call's fingerprint on every call. ``"first"``: only
+            when this process has not yet seen every rank agree on a call of the same group,
+            pipeline, size, dtype, op and tile size (since the last
+            :func:`~dynamiq.collectives.agreement.reset_call_counters`); a call that skips it
+            trusts ``call`` to agree, as it does when the caller counts calls per kind.
 
     Returns:
         float32[d], the all-reduced sum, bit-identical on every rank and equal to
@@ -226,10 +247,13 @@ def run_p2p(
     Raises:
         TypeError: ``tensor`` is not a 1-D float32 tensor, ``timeout`` not a number or
             ``timedelta``, or ``stats`` not a :class:`P2PStats`.
-        ValueError: bad ``op``, ``backend``, ``tile_elems`` or ``timeout``, or a pipeline whose
-            topology does not fit the group size (also at size 1).
-        CallMismatchError: the ranks disagree on the call (raised on every rank before any
-            data moves; the group stays usable).
+        ValueError: bad ``op``, ``backend``, ``check``, ``tile_elems`` or ``timeout``, or a
+            pipeline whose topology does not fit the group size (also at size 1).
+        CallMismatchError: the ranks that exchanged the fingerprint disagree on the call
+            (raised on every rank before any data moves; the group stays usable). When only
+            some ranks exchange it (``check="first"``, and the others have seen their own call
+            agreed before), the ranks time out instead: those in the exchange name it, the
+            others the step they waited in.
         RuntimeError: a peer failed or closed its connection (names the step and the peer).
         TimeoutError: a peer did not take part within ``timeout`` seconds (names the step and
             the peer).
@@ -245,6 +269,8 @@ def run_p2p(
         raise ValueError("cannot all-reduce an empty tensor")
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
     if stats is not None and not isinstance(stats, P2PStats):
         raise TypeError(f"stats must be a P2PStats, got {type(stats).__name__}")
     resolve_backend(backend, tensor.device)  # a bad or unavailable backend fails here, clearly
@@ -270,32 +296,48 @@ def run_p2p(
         if stats is not None:
             stats.update(done)
         return out
-    done.metadata_bytes = check_call(
-        group, rank, world, tensor.device, timeout, numel=d,
-        dtype=tensor.dtype if dtype is None else dtype, pipeline=spec, op=op, call=call,
-        tile_elems=tile,
-    )
+    dtype = tensor.dtype if dtype is None else dtype
+    kind = (PROGRAM_CACHE.group_key(group), spec, d, dtype, op, tile)
+    if check == "every" or kind not in AGREED_CALLS:
+        t1 = time.perf_counter()
+        done.metadata_bytes = check_call(group, rank, world, tensor.device, timeout, numel=d,
+                                         dtype=dtype, pipeline=spec, op=op, call=call,
+                                         tile_elems=tile)
+        done.metadata_seconds = time.perf_counter() - t1
+        done.checked = True
+        AGREED_CALLS.add(kind)
     y = tensor if consume else tensor.clone()
     y, lengths = apply_transforms(p, y, call, backend)
-    length = y.numel()
-    prog = PROGRAM_CACHE.program(p, world, length, tile, group, rank, y.device)
-    plan = TiledPlan(prog.layout, call, backend)
-    with prog.lock:
-        values, reduces = local_metadata(p, y, prog.states, backend)
-        glob: dict[str, torch.Tensor] = {}
-        if values:
-            glob, nbytes = exchange_metadata(group, values, reduces, y.device, timeout)
-            done.metadata_bytes += nbytes
-            done.metadata_bits = p.metadata_bits(length)
-        plan.set_metadata(glob, prog.states)
-        done.stats = plan.stats if values else None
-        y = center_and_prepare(plan, y)
-        if prog.variable:
-            prog.cut(plan, Plan.wire_bytes)
-        state = RankState(plan, rank, y, prog.send_buffers)
-        for st in prog.steps:
-            _run_step(st, state, group, timeout, done)
-        y = undo_transforms(plan, state.acc, lengths, prog.states)
+    # only the caller's own memory makes a failure worth flagging (transforms may copy)
+    in_place = consume and y.data_ptr() == tensor.data_ptr()
+    writing = False
+    try:
+        length = y.numel()
+        prog = PROGRAM_CACHE.program(p, world, length, tile, group, rank, y.device)
+        plan = TiledPlan(prog.layout, call, backend)
+        with prog.lock:
+            values, reduces = local_metadata(p, y, prog.states, backend)
+            glob: dict[str, torch.Tensor] = {}
+            if values:
+                t1 = time.perf_counter()
+                glob, nbytes = exchange_metadata(group, values, reduces, y.device, timeout)
+                done.metadata_seconds += time.perf_counter() - t1
+                done.metadata_bytes += nbytes
+                done.metadata_bits = p.metadata_bits(length)
+            plan.set_metadata(glob, prog.states)
+            done.stats = plan.stats if values else None
+            writing = in_place  # centering and the steps write into the accumulator
+            y = center_and_prepare(plan, y)
+            if prog.variable:
+                prog.cut(plan, Plan.wire_bytes)
+            state = (DirectState(plan, y) if prog.direct
+                     else RankState(plan, rank, y, prog.send_buffers))
+            _execute(prog, state, group, timeout, done)
+            y = undo_transforms(plan, state.acc, lengths, prog.states)
+    except BaseException as e:
+        if writing:
+            setattr(e, ACCUMULATOR_WRITTEN, True)
+        raise
     done.seconds = time.perf_counter() - t0
     if stats is not None:
         stats.update(done)

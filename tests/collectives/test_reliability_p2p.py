@@ -4,8 +4,10 @@
 * Timeouts and ops are validated up front; a pipeline that cannot run at the group size is
   refused at size 1 too.
 * A rank stalled or killed before any step of a ring schedule makes every other rank raise a
-  clear error (naming the step and the peer) within the timeout, leaves the caller's tensor
-  untouched, and a new group of the live ranks reduces correctly afterwards.
+  clear error (naming the step and the peer) within the timeout, and a new group of the live
+  ranks reduces correctly afterwards. A failure before step 0 leaves the caller's tensor
+  untouched; once the steps have begun writing into it, the error says that its values are
+  unspecified (``api.UNSPECIFIED``).
 * Processes exit cleanly after ``destroy_process_group`` (nothing keeps the group's gloo
   threads alive into interpreter shutdown).
 
@@ -30,7 +32,7 @@ import torch.distributed as dist
 from _world import fork_worlds, spawn_world
 
 from dynamiq.collectives import api, p2p, transport
-from dynamiq.collectives.agreement import CALL_COUNTERS
+from dynamiq.collectives.agreement import AGREED_CALLS, CALL_COUNTERS, AgreedCalls, CallCounters
 from dynamiq.collectives.buffers import PROGRAM_CACHE
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import get_pipeline
@@ -95,22 +97,26 @@ def _ok(res: tuple):
 
 @contextlib.contextmanager
 def _before_step(active: bool, k: int, action):
-    """Run ``action`` just before step ``k`` of this rank's schedule (when ``active``)."""
+    """Run ``action`` just before this rank does anything for step ``k`` of its schedule (when
+    ``active``): before it posts the step's first receive and before any of the step's
+    messages leave. The rank is still taking in step ``k - 1`` then, and its own messages of
+    that step may still be on the way: a stalled rank's backend keeps sending them, a killed
+    rank's peers may find them cut off."""
     if not active:
         yield
         return
-    original = p2p._run_step
+    original = p2p._begin_step
 
-    def run_step(st, *args, **kwargs):
+    def begin_step(st, *args, **kwargs):
         if st.index == k:
             action()
         return original(st, *args, **kwargs)
 
-    p2p._run_step = run_step
+    p2p._begin_step = begin_step
     try:
         yield
     finally:
-        p2p._run_step = original
+        p2p._begin_step = original
 
 
 # ---- plans (run in the spawned ranks) ---------------------------------------------------------
@@ -288,6 +294,20 @@ def test_a_counters_apart_say_how_to_recover():
         assert _same_bits(_ok(res[r]["async/reset"]), want[r])
 
 
+def test_a_refused_call_left_counted_has_its_kinds_checked_again():
+    counters, agreed = CallCounters(), AgreedCalls()
+    key = ("group", "pipeline", 1500)
+    assert [counters.next(key), counters.next(key)] == [0, 1]  # call 1 queued behind call 0
+    assert not counters.undo(key, 0)  # call 0 refused: it stays counted
+    assert counters.undo(key, 1) and counters.next(key) == 1
+    kinds = [(*key, torch.float32, op, 512) for op in ("sum", "avg")]
+    other = ("group", "pipeline", 1400, torch.float32, "sum", 512)
+    for kind in (*kinds, other):
+        agreed.add(kind)
+    agreed.forget(key)  # what all_reduce does when an undo fails
+    assert not any(kind in agreed for kind in kinds) and other in agreed
+
+
 # ---- B: arguments -----------------------------------------------------------------------------
 @pytest.mark.parametrize(("timeout", "kind"), [
     (float("inf"), ValueError), (float("nan"), ValueError), (1e15, ValueError),
@@ -355,14 +375,15 @@ _STEP = re.compile(r"dynamiq all_reduce: step (\d+): .*\brank \d+\b", re.S)
 
 def _clear_failure(f: dict, first_step: int) -> None:
     """A TimeoutError or RuntimeError naming a step at or after ``first_step`` and a peer,
-    within the timeout, with the caller's tensor untouched."""
+    within the timeout, saying that the tensor (reduced in place, and written from step 0 on)
+    holds unspecified values."""
     assert f["kinds"] and f["kinds"][0] in ("TimeoutError", "RuntimeError"), f
     m = _STEP.match(f["msg"])
     assert m and int(m.group(1)) >= first_step, f["msg"]
     if f["kinds"][0] == "RuntimeError":
         assert "closed the connection; it probably timed out" in f["msg"], f["msg"]
     assert f["seconds"] < SHORT + SLACK, f
-    assert f["untouched"]
+    assert f["msg"].endswith(api.UNSPECIFIED), f["msg"]
 
 
 @pytest.mark.parametrize("name", RING)
@@ -378,17 +399,19 @@ def test_d_stalled_rank_every_step(name):
                 assert f["kinds"][0] == "TimeoutError", f
                 assert "before step 0" in f["msg"] and f"within {SHORT}s" in f["msg"]
                 assert f["seconds"] < SHORT + SLACK and f["untouched"]
+                assert api.UNSPECIFIED not in f["msg"]  # nothing written before step 0
             elif k < 0:
                 # the latecomer finds the links closed by the others' timeouts
                 assert f["kinds"][0] == "RuntimeError", f
                 assert "metadata exchange before step 0" in f["msg"]
                 assert "a peer closed the connection; it probably timed out" in f["msg"]
-                assert f["untouched"]
+                assert f["untouched"] and api.UNSPECIFIED not in f["msg"]
             elif r != 1:
                 _clear_failure(f, k)
             else:
                 assert f["kinds"][0] in ("TimeoutError", "RuntimeError"), f
-                assert _STEP.match(f["msg"]) and f["untouched"], f
+                assert _STEP.match(f["msg"]), f
+                assert f["msg"].endswith(api.UNSPECIFIED), f["msg"]
             # a new group works at once
             assert _same_bits(_ok(res[r][f"stall/{name}/{k}/next"]), want[r]), (k, r)
 
@@ -420,7 +443,9 @@ def test_d_killed_rank(rounds):
         alive.remove(victim)
         seen = [r for r in alive if r in res]  # a later victim reports nothing
         for r in seen:
-            _clear_failure(res[r][f"kill/{i}"], k)
+            # the victim dies as it begins step k, with its messages of step k - 1 perhaps
+            # still on the way
+            _clear_failure(res[r][f"kill/{i}"], max(k - 1, 0))
         # a neighbour names the victim, by its global rank too when the group renumbers it
         named = f"rank {group_rank}" if group_rank == victim else \
             f"rank {group_rank} (global rank {victim})"
@@ -463,7 +488,9 @@ def test_c_state_of_a_freed_group_goes_with_it():
     assert ref() is g and PROGRAM_CACHE.group_key(g) is ref
     PROGRAM_CACHE.program(get_pipeline("requant-dq4"), 2, 512, 512, g, 0, torch.device("cpu"))
     CALL_COUNTERS.next((ref, "probe", 1))
-    assert PROGRAM_CACHE.holds(ref) and CALL_COUNTERS.holds(ref)
+    AGREED_CALLS.add((ref, "probe", 1, torch.float32, "sum", 512))
+    assert PROGRAM_CACHE.holds(ref) and CALL_COUNTERS.holds(ref) and AGREED_CALLS.holds(ref)
     del g
     assert ref() is None
     assert not PROGRAM_CACHE.holds(ref) and not CALL_COUNTERS.holds(ref)
+    assert not AGREED_CALLS.holds(ref)
