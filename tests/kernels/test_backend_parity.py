@@ -24,7 +24,9 @@ from dynamiq.metadata import STATISTICS
 BACKENDS = [b for b in backend_names() if b not in ("auto", "reference")]
 KEYS = {"seed": 5, "rank": 1, "world_size": 3, "stream": (2, 7), "index_offset": 768}
 
-pytestmark = pytest.mark.usefixtures("one_numba_thread")
+# Each test compiles the kernels of every registered quantizer or codec on a cold cache, which
+# takes longer than the suite's per-test limit (meant for hangs) on a loaded 2-core machine.
+pytestmark = [pytest.mark.usefixtures("one_numba_thread"), pytest.mark.timeout(3600)]
 
 
 def test_backends_are_discovered():
