@@ -2,7 +2,9 @@
 
 Usage (from the repository root)::
 
-    python docs/results/render.py docs/results/*.json > docs/results/tables.rst
+    python docs/results/render.py docs/results/{gpt,minilm}-*.json docs/results/scale.json \\
+        > docs/results/tables.rst
+    python docs/results/render.py docs/results/kernels.json > docs/results/kernels.rst
 
 Each table gets a label ``<file stem>-<kind>`` that :doc:`../benchmarks` includes.
 """
@@ -34,7 +36,8 @@ def _table(rows: list[dict], ref: float | None, scale: bool) -> list[str]:
 def _kernels(report: dict) -> list[str]:
     """``dynamiq bench kernels``: throughput as a fraction of the same run's memory copy."""
     out = [f"float32 tensors of {report['n']:,} coordinates, {report['threads']} threads; "
-           f"memory copy {report['copy_gbps']:.2f} GB/s (read + write) in the same run.", "",
+           f"memory copy {report['copy_gbps']:.2f} GB/s (read + write) in the same run. Each "
+           "cell: throughput over the copy's (million coordinates per second per thread).", "",
            ".. list-table::", "   :header-rows: 1", "",
            "   * - kernel\n     - bits/coord\n     - encode\n     - decode\n     - recompress"]
     for r in report["rows"]:
