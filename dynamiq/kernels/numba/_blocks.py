@@ -32,6 +32,9 @@ What keeps these loops vectorised (checked in the generated code):
 
 Runtime arguments (see :mod:`dynamiq.kernels.numba.blocks`): ``tables``, ``consts``, ``rand``
 tuples; byte streams ``codes``, ``scales``, ``supers``.
+
+The module is long because it is one template: each spec's kernels are generated as one module,
+and every pass they inline must be in it to see the spec's constants.
 """
 
 import math
