@@ -14,9 +14,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _parity import WRITEBACKS, assert_same, check_hops, enrolled, metadata_context, vector
+from _parity import (
+    SCALE_CASES,
+    WRITEBACKS,
+    assert_same,
+    case_vector,
+    check_hops,
+    enrolled,
+    metadata_context,
+    vector,
+)
 
-from dynamiq import QUANTIZERS, TRANSFORMS, Payload
+from dynamiq import QUANTIZERS, TRANSFORMS, BlockQuantizer, Payload
 from dynamiq.collectives.statistics import local_statistics
 from dynamiq.kernels import backend_names
 from dynamiq.metadata import STATISTICS
@@ -53,6 +62,30 @@ def test_every_registered_quantizer_matches_the_reference(backend, n):
                               backend=backend, in_rank=2, **KEYS)
             assert_same(r2.data, r1.data, f"{name} recompress({wb}) bytes n={n}")
             assert_same(a2, a1, f"{name} recompress({wb}) acc n={n}")
+
+
+def _check_awkward_blocks(q, backend: str, what: str) -> None:
+    # one block per awkward case (NaN, Inf, subnormal, float32-max, zero and lifted groups)
+    x = case_vector(q, 1)
+    want = q.encode(x, backend="reference", **KEYS)
+    got = q.encode(x, backend=backend, **KEYS)
+    assert_same(got.data, want.data, f"{what} encode (awkward blocks)")
+    assert_same(q.decode(got, backend=backend, **KEYS),
+                q.decode(want, backend="reference", **KEYS), f"{what} decode (awkward blocks)")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_registered_quantizer_matches_the_reference_on_awkward_blocks(backend):
+    for name in QUANTIZERS.names():
+        _check_awkward_blocks(QUANTIZERS[name], backend, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SCALE_CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_scale_formats_and_roundings_match_the_reference_on_awkward_blocks(case):
+    # numba only: the Triton test module compares these cases with numba
+    q = BlockQuantizer(group_size=16, **case)
+    _check_awkward_blocks(q, "numba", q.describe())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 
 import triton
 import triton.language as tl
+from _parity import SCALE_CASES, case_vector
 
 from dynamiq import FORMATS, QUANTIZERS, BlockQuantizer, metadata
 from dynamiq import rng as host_rng
@@ -64,43 +65,6 @@ def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         raise AssertionError(
             f"{what}: {bad.numel()} of {got.numel()} bytes differ, first at {int(bad[0])}"
         )
-
-
-def case_vector(q: BlockQuantizer, seed: int) -> torch.Tensor:
-    """One block per awkward case, then a partial block (the length is not a block multiple)."""
-    B, G = q.block_size, q.group_size
-    ng = B // G
-    rs = np.random.default_rng(seed)
-
-    def per_group(mags: np.ndarray) -> np.ndarray:
-        return (rs.standard_normal((ng, G)) * np.asarray(mags)[:, None]).reshape(-1)
-
-    def with_value(v: float) -> np.ndarray:
-        b = per_group(np.ones(ng))
-        b[rs.integers(B)] = v
-        return b
-
-    sub = rs.integers(1, 1 << 23, B).astype(np.uint32) | (rs.integers(0, 2, B) << 31).astype(
-        np.uint32
-    )
-    first = np.arange(ng) == 0
-    blocks = [
-        per_group(10.0 ** rs.uniform(-2, 2, ng)),  # ordinary
-        per_group(10.0 ** rs.uniform(-44, 37, ng)),  # subnormal ... huge, group by group
-        np.zeros(B),  # all zero
-        per_group(np.where(np.arange(ng) % 2 == 1, 3.0, 0.0)),  # zero groups among others
-        with_value(np.nan),
-        with_value(np.inf),
-        with_value(-np.inf),
-        sub.view(np.float32).astype(np.float64),  # subnormals only
-        rs.choice([-1.0, 1.0], B) * rs.uniform(1e38, 3.4e38, B),  # near the float32 maximum
-        rs.choice([-0.0, 0.0, 1e-45, -1e-45, 1e-39, -1.1754944e-38], B),  # signed zeros, tiny
-        per_group(np.where(first, 1e30, 1e-3)),  # relative scales round to zero
-        per_group(np.where(first, 1e38, 1e25)),  # ... and the lifted group overflows
-    ]
-    tail = rs.standard_normal(B // 2 + 1 if B > 1 else 0) * 10.0
-    x = np.concatenate([*blocks, tail]).astype(np.float32)
-    return torch.from_numpy(x)
 
 
 def check_against_numba(q: BlockQuantizer, what: str, rands=RANDS, decode: bool = True,
@@ -244,20 +208,6 @@ def test_code_widths_match_numba(bits):
 @pytest.mark.parametrize("bits", [9, 12, 15])
 def test_wide_odd_code_widths_match_numba(bits):
     check_against_numba(_width_quantizer(bits), f"int{bits}", rands=RANDS[1:], recompress=False)
-
-
-SCALE_CASES = [
-    {"element": "e2m1", "scale": "e4m3", "scale_rounding": "stochastic", "rounding": "stochastic"},
-    {"element": "e2m1", "scale": "e4m3", "scale_rounding": "nearest"},
-    {"element": "e4m3", "scale": "e8m0", "scale_rounding": "down"},
-    {"element": "e4m3", "scale": "fp32", "scale_rounding": "up", "rounding": "stochastic"},
-    {"element": "dq4", "scale": "u8rel", "scale_rounding": "nearest", "rounding": "stochastic",
-     "super_group_size": 128, "super_scale": "bf16"},
-    {"element": "dq4", "scale": "u8rel", "scale_rounding": "down", "super_group_size": 64,
-     "super_scale": "e8m0"},
-    {"element": "int8", "scale": "u8rel", "scale_rounding": "up", "super_group_size": 32,
-     "super_scale": "fp32"},
-]
 
 
 @pytest.mark.slow

@@ -289,7 +289,9 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gb
         norm = sstar if SMODE == STOCHASTIC else s_hat
         # A subnormal normaliser has no finite float32 inverse: lift the group by an exact
         # power of two first, so that 0 stays 0 and |x| / norm keeps its value.
-        pre = np.float32(1.0) if norm >= TINY else LIFT
+        # (A zero normaliser keeps pre = 1: x * 0 is then a zero with x's sign, where a lifted
+        # x could overflow to inf and inf * 0 would give a NaN of arbitrary sign.)
+        pre = np.float32(1.0) if (norm >= TINY) | (norm == 0) else LIFT
         ginv[g] = np.float32(0.0) if norm == 0 else np.float32(1.0) / (norm * pre)
         gpre[g] = pre
         flags = (pbad[i] << np.uint8(1)) | gbad[g] if HIER else gbad[g]
