@@ -119,7 +119,8 @@ def encode_with_scales(code: BlockCode, x: np.ndarray, rand: RandKeys
         if hier:
             s_hat = (parent * s_hat).astype(_F)
         norm = sstar if smode == STOCHASTIC else s_hat
-        pre = np.where(norm >= _F(2.0**-64), _F(1), _F(2.0**64)).astype(_F)
+        # a subnormal normaliser is lifted by 2**64 (it has no finite inverse), a zero one not
+        pre = np.where((norm >= _F(2.0**-64)) | (norm == 0), _F(1), _F(2.0**64)).astype(_F)
         inv = np.where(norm == 0, _F(0), _F(1) / (norm * pre)).astype(_F)
         lifted = (np.abs(groups) * pre[:, None]).astype(_F)
         a = (lifted * inv[:, None]).astype(_F).reshape(-1)

@@ -146,8 +146,9 @@ def block_scales(t, grow, stab, sdec, utab, udec, iconst, fconst, q0, q1, offset
         norm = sstar
     else:
         norm = s_hat
-    # a subnormal normaliser has no finite float32 inverse: lift the group by 2**64 first
-    pre = tl.where(norm >= _TINY, 1.0, _LIFT)
+    # a subnormal normaliser has no finite float32 inverse: lift the group by 2**64 first (not
+    # a zero one: x * 0 is a zero, where a lifted x could overflow and inf * 0 be a NaN)
+    pre = tl.where((norm >= _TINY) | (norm == 0.0), 1.0, _LIFT)
     lifted = norm * pre
     inv = tl.where(norm == 0.0, 0.0, div_rn(1.0, tl.where(norm == 0.0, 1.0, lifted)))
     keep = ~(bad | block_bad)
