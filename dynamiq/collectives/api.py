@@ -20,6 +20,8 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -37,7 +39,9 @@ from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
 
 __all__ = ["MAX_TIMEOUT", "UNSPECIFIED", "AllReduceWork", "CallMismatchError", "P2PStats",
-           "all_reduce", "reset_call_counters"]
+           "all_reduce", "reset_call_counters", "submit_in_order"]
+
+T = TypeVar("T")
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -296,13 +300,30 @@ def all_reduce(
                 AGREED_CALLS.forget(key)
             raise
 
-    global _executor
     if not async_op:
         _drain()
         job()
         return None
+    return AllReduceWork(submit_in_order(job))
+
+
+def submit_in_order(job: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """Run ``job()`` on the background thread of asynchronous :func:`all_reduce` calls.
+
+    Jobs and asynchronous all-reduces run one at a time in the order they were submitted, so
+    collectives issued this way keep the same order on every rank (a communication hook uses
+    it for its buckets; see :mod:`dynamiq.ddp`). A later synchronous :func:`all_reduce`
+    waits for them first.
+
+    Args:
+        job: A callable without arguments.
+
+    Returns:
+        A ``concurrent.futures.Future`` holding ``job()``'s result or exception.
+    """
+    global _executor
     if _executor is None:
         _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dynamiq")
     future = _executor.submit(job)
     _track(future)
-    return AllReduceWork(future)
+    return future

@@ -204,6 +204,7 @@ def run_p2p(
     backend: str = "auto",
     stats: P2PStats | None = None,
     check: str = "every",
+    states: dict | None = None,
 ) -> torch.Tensor:
     """All-reduce (sum) a flat float32 tensor over ``group`` with ``pipeline``.
 
@@ -239,6 +240,11 @@ def run_p2p(
             pipeline, size, dtype, op and tile size (since the last
             :func:`~dynamiq.collectives.agreement.reset_call_counters`); a call that skips it
             trusts ``call`` to agree, as it does when the caller counts calls per kind.
+        states: The codecs' state carried between calls (allocator warm starts, auto-scale
+            factors), updated in place: a caller that keeps its own, e.g. one per DDP bucket
+            that goes into a checkpoint, passes it here (start with ``{}``). Default: the
+            executor's own, one per (group, pipeline, size). Every rank's must hold the same
+            values, as the executor's own do.
 
     Returns:
         float32[d], the all-reduced sum, bit-identical on every rank and equal to
@@ -246,7 +252,7 @@ def run_p2p(
 
     Raises:
         TypeError: ``tensor`` is not a 1-D float32 tensor, ``timeout`` not a number or
-            ``timedelta``, or ``stats`` not a :class:`P2PStats`.
+            ``timedelta``, ``stats`` not a :class:`P2PStats`, or ``states`` not a dict.
         ValueError: bad ``op``, ``backend``, ``check``, ``tile_elems`` or ``timeout``, or a
             pipeline whose topology does not fit the group size (also at size 1).
         CallMismatchError: the ranks that exchanged the fingerprint disagree on the call
@@ -273,6 +279,8 @@ def run_p2p(
         raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
     if stats is not None and not isinstance(stats, P2PStats):
         raise TypeError(f"stats must be a P2PStats, got {type(stats).__name__}")
+    if states is not None and not isinstance(states, dict):
+        raise TypeError(f"states must be a dict, got {type(states).__name__}")
     resolve_backend(backend, tensor.device)  # a bad or unavailable backend fails here, clearly
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized; call "
@@ -315,8 +323,9 @@ def run_p2p(
         length = y.numel()
         prog = PROGRAM_CACHE.program(p, world, length, tile, group, rank, y.device)
         plan = TiledPlan(prog.layout, call, backend)
+        states = prog.states if states is None else states
         with prog.lock:
-            values, reduces = local_metadata(p, y, prog.states, backend)
+            values, reduces = local_metadata(p, y, states, backend)
             glob: dict[str, torch.Tensor] = {}
             if values:
                 t1 = time.perf_counter()
@@ -324,7 +333,7 @@ def run_p2p(
                 done.metadata_seconds += time.perf_counter() - t1
                 done.metadata_bytes += nbytes
                 done.metadata_bits = p.metadata_bits(length)
-            plan.set_metadata(glob, prog.states)
+            plan.set_metadata(glob, states)
             done.stats = plan.stats if values else None
             writing = in_place  # centering and the steps write into the accumulator
             y = center_and_prepare(plan, y)
@@ -333,7 +342,7 @@ def run_p2p(
             state = (DirectState(plan, y) if prog.direct
                      else RankState(plan, rank, y, prog.send_buffers))
             _execute(prog, state, group, timeout, done)
-            y = undo_transforms(plan, state.acc, lengths, prog.states)
+            y = undo_transforms(plan, state.acc, lengths, states)
     except BaseException as e:
         if writing:
             setattr(e, ACCUMULATOR_WRITTEN, True)

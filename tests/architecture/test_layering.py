@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dynamiq.topologies",),
     ("dynamiq.pipeline", "dynamiq.baselines"),
     ("dynamiq.collectives",),
+    ("dynamiq.ddp",),
     ("dynamiq.testing",),
     ("dynamiq.bench",),
     ("dynamiq.cli", "dynamiq.__main__"),
