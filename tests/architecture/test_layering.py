@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dynamiq.pipeline", "dynamiq.baselines"),
     ("dynamiq.collectives",),
     ("dynamiq.testing",),
+    ("dynamiq.testbed",),
     ("dynamiq.bench",),
     ("dynamiq.cli", "dynamiq.__main__"),
 ]
