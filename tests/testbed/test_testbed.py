@@ -1,6 +1,6 @@
 """The namespace testbed: link shapes and their errors (anywhere), and, as root with iproute2,
 a compressed all-reduce across a shaped 2-rank testbed checked against the veth counters, the
-removal of stale testbeds, and teardown on SIGTERM, Ctrl-C and after SIGKILL.
+removal of stale testbeds, and teardown at exit, on SIGTERM and Ctrl-C, and after SIGKILL.
 
 The root-only tests skip with the reason (:func:`dynamiq.testbed.unavailable_reason`) elsewhere.
 """
@@ -338,14 +338,17 @@ _OWNER = textwrap.dedent("""
     else:
         bed.up()
         print(bed.id, flush=True)
-        time.sleep(120)
+        if sys.argv[2] == "exit":  # ends normally without teardown(): atexit removes it
+            sys.stdin.readline()
+        else:
+            time.sleep(120)
 """)
 
 
 def _owner(prefix: str, how: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-c", _OWNER, prefix, how], env=env,
-                         stdout=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     bed_id = p.stdout.readline().strip()
     assert bed_id.startswith(f"{prefix}-{p.pid}-"), bed_id
     assert len(_mine(bed_id)) == 5
@@ -353,7 +356,12 @@ def _owner(prefix: str, how: str) -> tuple[subprocess.Popen, str]:
 
 
 @needs_root
-def test_teardown_on_sigterm_and_ctrl_c_and_after_sigkill():
+def test_teardown_at_exit_on_sigterm_and_ctrl_c_and_after_sigkill():
+    p, bed_id = _owner("dqsig", "exit")
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.wait(timeout=60) == 0
+    assert _mine(bed_id) == []
     p, bed_id = _owner("dqsig", "up")  # no with block: the SIGTERM handler tears it down
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == -signal.SIGTERM  # and the signal still ends the process
