@@ -88,9 +88,9 @@ def unavailable_reason() -> str | None:
     """
     if not os.path.isdir("/proc/self/ns") or not os.path.exists("/proc/self/ns/net"):
         return "the testbed needs Linux network namespaces (/proc/self/ns/net is missing)"
-    caps = _capabilities()
     needed = (1 << _CAP_NET_ADMIN) | (1 << _CAP_SYS_ADMIN)
-    if os.geteuid() != 0 and caps & needed != needed:
+    # the effective capabilities decide (root without them, as in many containers, fails too)
+    if _capabilities() & needed != needed:
         return ("the testbed needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network "
                 "namespaces, veth pairs and tc queues: run it as root, e.g. with sudo")
     missing = [t for t in ("ip", "tc") if find_tool(t) is None]

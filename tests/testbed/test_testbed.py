@@ -161,7 +161,6 @@ def test_names_and_arguments():
 
 
 def test_without_root_or_tools_the_message_says_what_is_needed(monkeypatch, capsys):
-    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(netns, "_capabilities", lambda: 0)
     reason = unavailable_reason()
     assert reason is not None and "needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN)" in reason
@@ -170,7 +169,7 @@ def test_without_root_or_tools_the_message_says_what_is_needed(monkeypatch, caps
     assert main(["testbed", "clean"]) == 3
     assert "dynamiq testbed: the testbed needs root" in capsys.readouterr().err
     monkeypatch.undo()
-    monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns, "_capabilities", lambda: -1)  # every capability
     monkeypatch.setattr(netns, "find_tool", lambda name: None if name == "tc" else "/bin/ip")
     assert unavailable_reason() == ("the testbed needs the tc command from iproute2 "
                                     "(Debian/Ubuntu: apt-get install iproute2)")
