@@ -187,6 +187,52 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_testbed(args: argparse.Namespace) -> int:
+    from dynamiq.testbed import (
+        LinkShape,
+        TestbedError,
+        TestbedUnavailable,
+        clean_stale,
+        list_testbeds,
+    )
+
+    try:
+        if args.testbed == "check":
+            from dynamiq.testbed.check import run_check
+
+            shape = LinkShape(args.rate, delay_ms=args.delay_ms, loss_pct=args.loss_pct)
+            sep = ";" if ";" in args.pipelines else ","
+            rows = run_check(args.world_size, shape, args.n,
+                             tuple(m for m in args.pipelines.split(sep) if m),
+                             prefix=args.prefix, gso=not args.no_gso)
+            if args.json:
+                from dynamiq.bench.output import stderr_log, write_rows
+
+                write_rows(rows, args.json, stderr_log)
+            agree = all(len({r.digest for r in rows if r.pipeline == p}) == 1
+                        for p in {r.pipeline for r in rows})
+            return 0 if agree and all(r.within_bounds for r in rows) else 1
+        if args.testbed == "clean":
+            removed = clean_stale(args.prefix)
+            print(f"removed {len(removed)} stale namespace(s)"
+                  + (f": {', '.join(removed)}" if removed else ""))
+            return 0
+        beds = list_testbeds(args.prefix)
+        if not beds:
+            print(f"no {args.prefix} testbeds")
+        for bed_id, bed in sorted(beds.items()):
+            state = "live" if bed["alive"] else "stale (owner gone; `dynamiq testbed clean`)"
+            print(f"{bed_id}: owner pid {bed['pid']}, {state}, namespaces: "
+                  f"{', '.join(bed['namespaces']) or '(none)'}")
+        return 0
+    except TestbedUnavailable as e:
+        print(f"dynamiq testbed: {e}", file=sys.stderr)
+        return 3
+    except (TestbedError, ValueError) as e:
+        print(f"dynamiq testbed: {e}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
     from dynamiq.bench.allreduce import DEFAULT_PIPELINES as allreduce_defaults
@@ -283,6 +329,31 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--json", help="write the rows to this JSON file")
     bs.add_argument("--plot", help="write an SVG chart here")
     bs.set_defaults(func=_cmd_bench_scale)
+
+    t = sub.add_parser("testbed", help="ranks in network namespaces over tc-shaped links "
+                       "(needs root and iproute2)")
+    tsub = t.add_subparsers(dest="testbed", required=True)
+    tc = tsub.add_parser("check", help="build a testbed, all-reduce across it, compare the "
+                         "veth byte counters with dynamiq's count, tear it down")
+    tc.add_argument("--world-size", type=int, default=2)
+    tc.add_argument("--rate", default="100mbit", help="each link's rate, e.g. 100mbit, 1gbit")
+    tc.add_argument("--delay-ms", type=float, default=0.0,
+                    help="one-way delay of each link (needs the kernel's netem)")
+    tc.add_argument("--loss-pct", type=float, default=0.0,
+                    help="packet loss of each link, percent (needs the kernel's netem)")
+    tc.add_argument("--n", type=int, default=1 << 20, help="coordinates all-reduced")
+    tc.add_argument("--pipelines", "--pipeline", default="requant-dq4,passthrough-fp32",
+                    help="comma-separated registered pipelines (';'-separated when giving "
+                         "specs)")
+    tc.add_argument("--no-gso", action="store_true",
+                    help="frames of one TCP segment each (headers as on a wire; more CPU)")
+    tc.add_argument("--prefix", default="dynamiq", help="the namespaces' name prefix")
+    tc.add_argument("--json", help="write the rows to this JSON file")
+    for name, text in (("status", "list the testbeds on this machine, live or stale"),
+                       ("clean", "remove stale testbeds (their owner process is gone)")):
+        ts = tsub.add_parser(name, help=text)
+        ts.add_argument("--prefix", default="dynamiq", help="the namespaces' name prefix")
+    t.set_defaults(func=_cmd_testbed)
     return p
 
 

@@ -79,3 +79,16 @@ def test_simulate_compares_pipelines(tmp_path, capsys):
 def test_bad_n():
     assert main(["quantize", "--n", "0"]) == 2
     assert main(["simulate", "--world-size", "0"]) == 2
+
+
+def test_testbed_commands_report_without_building(capsys):
+    from dynamiq.testbed import unavailable_reason
+
+    # a bad shape is refused before anything is built (no root needed)
+    assert main(["testbed", "check", "--rate", "100mbps"]) == 2
+    assert "bytes per second to tc" in capsys.readouterr().err
+    code = main(["testbed", "status", "--prefix", "dqcli"])
+    if unavailable_reason() is None or code == 0:
+        assert code == 0 and "no dqcli testbeds" in capsys.readouterr().out
+    else:
+        assert code == 3 and "iproute2" in capsys.readouterr().err

@@ -120,8 +120,8 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def joined_group(rank: int, world_size: int, port: int, *, backend: str = "gloo",
-                 timeout: float = 300.0) -> Iterator[None]:
-    """Make this process rank ``rank`` of a default process group on ``127.0.0.1:port``.
+                 timeout: float = 300.0, host: str = "127.0.0.1") -> Iterator[None]:
+    """Make this process rank ``rank`` of a default process group on ``host:port``.
 
     The group is destroyed on leaving the block, unless the block destroyed it already.
 
@@ -132,10 +132,11 @@ def joined_group(rank: int, world_size: int, port: int, *, backend: str = "gloo"
         backend: ``"gloo"``, ``"nccl"`` (rank ``r`` then uses CUDA device ``r`` modulo the
             device count) or any backend string ``init_process_group`` takes.
         timeout: The group's own timeout, in seconds.
+        host: The address rank 0 listens on (another machine's, or a testbed namespace's).
     """
     if "nccl" in backend and torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout))
     try:

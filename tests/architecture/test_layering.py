@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dynamiq.collectives",),
     ("dynamiq.ddp",),
     ("dynamiq.testing",),
+    ("dynamiq.testbed",),
     ("dynamiq.bench",),
     ("dynamiq.cli", "dynamiq.__main__"),
 ]
