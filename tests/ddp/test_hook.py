@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,3 +260,16 @@ def test_hook_stats_add_up_and_reset():
     assert s.plain_bytes == 600 and s.plain_calls == 1
     before = s.reset()
     assert before.plain_numel == 100 and s.plain_numel == 0 and s.bits_per_coord == 0.0
+
+
+# ---------------------------------------------------------------- under torchrun
+def test_the_example_trains_under_torchrun():
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(root / "examples" / "ddp_hook.py"), "--steps", "6", "--width", "128"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "replicas bit-identical: True" in out.stdout, out.stdout
+    assert "bits/coord" in out.stdout
