@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from dynamiq.kernels import backend_for
+from dynamiq.kernels.backend import padded_blocks
 from dynamiq.metadata import STATISTICS
 
 __all__ = ["local_statistics"]
@@ -46,8 +47,5 @@ def local_statistics(names: Iterable[str], y: torch.Tensor, backend: str = "auto
             continue
         if y64 is None:
             y64 = y.detach().to(device="cpu", dtype=torch.float64)
-        nb = st.blocks(y64.numel())
-        g = torch.zeros(nb * st.block, dtype=torch.float64)
-        g[: y64.numel()] = y64
-        out[name] = st.round(st.local(g.view(nb, st.block)))
+        out[name] = st.round(st.local(padded_blocks(y64, st.block)))
     return out

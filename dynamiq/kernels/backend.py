@@ -41,7 +41,8 @@ from dynamiq.kernels.abi import (
     Writeback,
 )
 
-__all__ = ["Backend", "backend_for", "backend_names", "get_backend", "resolve_backend"]
+__all__ = ["Backend", "backend_for", "backend_names", "get_backend", "padded_blocks",
+           "resolve_backend"]
 
 
 class Backend:
@@ -252,10 +253,7 @@ class Backend:
         for op, block in ops:
             if op not in STAT_OPS:
                 raise ValueError(f"block statistics are {STAT_OPS}, not {op!r}")
-            nb = -(-y64.numel() // block)
-            g = torch.zeros(nb * block, dtype=torch.float64)
-            g[: y64.numel()] = y64
-            g = g.view(nb, block)
+            g = padded_blocks(y64, block)
             if op == "sum":
                 out[(op, block)] = g.sum(1)
             elif op == "sumsq":
@@ -263,6 +261,18 @@ class Backend:
             else:
                 out[(op, block)] = g.abs().amax(1)
         return out
+
+
+def padded_blocks(y: torch.Tensor, block: int) -> torch.Tensor:
+    """``y`` (1-D) as ``[ceil(n / block), block]`` rows, zero-padded at the end; a view of
+    ``y`` itself when ``block`` divides its length (no copy)."""
+    n = y.numel()
+    nb = -(-n // block)
+    if nb * block == n:
+        return y.view(nb, block)
+    g = torch.zeros(nb * block, dtype=y.dtype, device=y.device)
+    g[:n] = y
+    return g.view(nb, block)
 
 
 _backends: dict[str, Backend] | None = None

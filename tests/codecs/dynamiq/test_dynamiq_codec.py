@@ -325,6 +325,9 @@ def test_widths_do_not_depend_on_the_previous_call():
 
 
 # ---- dithering along long paths -------------------------------------------------------------
+# (compiles the kernels of every dithered width on a cold cache: more than the suite's
+# per-test limit, meant for hangs, on a loaded 2-core machine)
+@pytest.mark.timeout(3600)
 def test_dithering_stays_stable_along_a_64_rank_ring():
     """Dithered widths below ``dither_min_width`` amplify their own noise hop after hop (the
     dither scales with each group's maximum, which the previous hops' noise raises): with every
