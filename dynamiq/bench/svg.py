@@ -7,6 +7,7 @@ Benchmarks write their figures with it, so ``--plot`` works on a bare install.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from html import escape
 from pathlib import Path
 
@@ -106,7 +107,8 @@ def _tick_label(v: float) -> str:
 
 
 def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: str | Path, *,
-                title: str = "", xlabel: str = "", ylabel: str = "") -> Path:
+                title: str = "", xlabel: str = "", ylabel: str = "",
+                dashed: Collection[str] = ()) -> Path:
     """Write side-by-side panels of lines on log-log axes (one y range for all) to an SVG file.
 
     Args:
@@ -114,6 +116,10 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: s
             or non-finite coordinate are skipped. A label has the same colour in every panel.
         path: Output file (``.svg``).
         title, xlabel, ylabel: Text.
+        dashed: Labels whose lines are dashed (e.g. the references).
+
+    The x axis is marked at every x of the points when there are at most 8 of them, else at
+    powers of ten.
 
     Returns:
         The path written.
@@ -130,6 +136,8 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: s
     lx = [math.log10(p[0]) for p in pts]
     ly = [math.log10(p[1]) for p in pts]
     x0, x1 = min(lx) - 0.1, max(lx) + 0.1
+    xs = sorted({round(v, 9) for v in lx})
+    xticks = xs if len(xs) <= 8 else _ticks(x0, x1)
     y0, y1 = math.floor(min(ly) * 2) / 2, math.ceil(max(ly) * 2) / 2
     if y1 - y0 < 1e-9:
         y1 += 0.5
@@ -158,7 +166,7 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: s
             if k == 0:
                 out.append(f'<text x="{left_k - 6}" y="{y + 4:.1f}" text-anchor="end">'
                            f'{_tick_label(v)}</text>')
-        for v in _ticks(x0, x1):
+        for v in xticks:
             x = left_k + (v - x0) / (x1 - x0) * pw
             out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" '
                        'stroke="#eee"/>')
@@ -173,8 +181,9 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: s
                           if x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y))
             if len(good) > 1:
                 d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in good)
+                dash = ' stroke-dasharray="6 4"' if lab in dashed else ""
                 out.append(f'<polyline points="{d}" fill="none" stroke="{color[lab]}" '
-                           'stroke-width="2"/>')
+                           f'stroke-width="2"{dash}/>')
             for x, y in good:
                 out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" '
                            f'fill="{color[lab]}"/>')

@@ -11,6 +11,9 @@ from pathlib import Path
 
 __all__ = ["check_plot_path", "plot_times"]
 
+#: torch's own all-reduce, drawn dashed (the references).
+_TORCH = ("torch-fp32", "torch-bf16")
+
 
 def plot_times(rows: Sequence, path: str | Path) -> Path:
     """Plot the best time per call of benchmark rows against their tensor size.
@@ -38,19 +41,24 @@ def plot_times(rows: Sequence, path: str | Path) -> Path:
         from dynamiq.bench.svg import line_panels
 
         return line_panels(panels, p, title=title, xlabel="tensor size, MB (float32)",
-                           ylabel="seconds per call")
+                           ylabel="seconds per call", dashed=_TORCH)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.5, 4.2),
                              sharey=True, squeeze=False)
     for ax, (name, series) in zip(axes[0], panels.items()):
         for label, pts in series.items():
             xs, ys = zip(*sorted(pts))
-            ax.plot(xs, ys, marker="o", label=label)
+            ax.plot(xs, ys, marker="o", label=label, ls="--" if label in _TORCH else "-")
         ax.set(xscale="log", yscale="log", title=name, xlabel="tensor size, MB (float32)")
+        sizes = sorted({x for pts in series.values() for x, _ in pts})
+        if len(sizes) <= 8:
+            ax.set_xticks(sizes, [f"{x:g}" for x in sizes])
+            ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("seconds per call")
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
