@@ -146,20 +146,6 @@ def _cmd_bench_codec(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
-    from dynamiq.bench import allreduce
-
-    sep = ";" if ";" in args.pipelines else ","
-    allreduce.run(
-        world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
-        sizes_mb=tuple(float(v) for v in args.sizes_mb.split(",")),
-        pipelines=tuple(m for m in args.pipelines.split(sep) if m),
-        repeat=args.repeat,
-        json_path=args.json,
-    )
-    return 0
-
-
 def _cmd_bench_nmse(args: argparse.Namespace) -> int:
     from dynamiq.bench import nmse
     from dynamiq.bench.workloads import WorkloadUnavailable
@@ -235,7 +221,7 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
-    from dynamiq.bench.allreduce import DEFAULT_PIPELINES as allreduce_defaults
+    from dynamiq.bench.allreduce_cmd import add_allreduce_parser
     from dynamiq.bench.nmse import DEFAULT_METHODS
 
     p = argparse.ArgumentParser(prog="dynamiq", description=__doc__)
@@ -282,19 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--json", help="write the results to this JSON file")
     bc.set_defaults(func=_cmd_bench_codec)
 
-    ba = bsub.add_parser(
-        "allreduce",
-        help="dynamiq.all_reduce pipelines vs torch.distributed.all_reduce (FP32 and BF16) on "
-             "loopback gloo, with the time split of each pipeline",
-    )
-    ba.add_argument("--world-sizes", default="2,4", help="comma-separated, e.g. 2,4")
-    ba.add_argument("--sizes-mb", default="4,16,64", help="tensor sizes in MB (float32)")
-    ba.add_argument("--pipelines", "--pipeline", default=",".join(allreduce_defaults),
-                    help="comma-separated registered pipelines (';'-separated when giving "
-                         "specs)")
-    ba.add_argument("--repeat", type=int, default=3, help="timed rounds; the best counts")
-    ba.add_argument("--json", help="write the rows to this JSON file")
-    ba.set_defaults(func=_cmd_bench_allreduce)
+    add_allreduce_parser(bsub)
 
     bn = bsub.add_parser("nmse", help="vNMSE and measured bits/coordinate of every method on "
                          "real gradients (DynamiQ vs the paper's baselines)")

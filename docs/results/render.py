@@ -1,10 +1,13 @@
-"""Render the JSON of ``dynamiq bench nmse`` / ``scale`` / ``kernels`` as reStructuredText tables.
+"""Render the JSON of ``dynamiq bench nmse`` / ``scale`` / ``kernels`` / ``allreduce --testbed``
+as reStructuredText tables.
 
 Usage (from the repository root)::
 
     python docs/results/render.py docs/results/{gpt,minilm}-*.json docs/results/scale.json \\
         > docs/results/tables.rst
     python docs/results/render.py docs/results/kernels.json > docs/results/kernels.rst
+    python docs/results/render.py docs/results/allreduce_testbed.json \\
+        > docs/results/allreduce_testbed.rst
 
 Each table gets a label ``<file stem>-<kind>`` that :doc:`../benchmarks` includes.
 """
@@ -52,6 +55,53 @@ def _kernels(report: dict) -> list[str]:
     return out
 
 
+def _span(values: list[float], fmt: str) -> str:
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _testbed(rows: list[dict]) -> list[str]:
+    """``dynamiq bench allreduce --testbed``: times, ratios and bytes; then where the time of
+    the dynamiq pipelines went."""
+    out = ["Best time per call (median in brackets) and its ratio to torch's FP32 and BF16 "
+           "all-reduce and to the ``bf16`` pipeline (below 1: faster); bits per coordinate "
+           "each rank sent, by dynamiq's count (torch: a ring's) and on its veth; the veth's "
+           "bytes over dynamiq's count (ranges: over the ranks).", "",
+           ".. list-table::", "   :header-rows: 1", "",
+           "   * - rate\n     - MB\n     - method\n     - best (median) ms\n     - /torch-fp32"
+           "\n     - /torch-bf16\n     - /bf16\n     - bits\n     - veth bits\n     - veth/count"]
+    several = len({r["world_size"] for r in rows}) > 1
+
+    def where(r: dict) -> str:  # the world size too when the file holds several
+        return f"{r['rate']}, {r['world_size']} ranks" if several else r["rate"]
+
+    for r in rows:
+        pb = f"{r['pipeline_bf16_ratio']:.3f}" if r["pipeline_bf16_ratio"] else ""
+        out.append(f"   * - {where(r)}\n     - {r['size_mb']:g}\n     - {r['method']}\n"
+                   f"     - {r['seconds'] * 1e3:.0f} ({r['median_seconds'] * 1e3:.0f})\n"
+                   f"     - {r['ratio']:.3f}\n     - {r['bf16_ratio']:.3f}\n     - {pb}\n"
+                   f"     - {_span(r['bits_per_coord'], '.2f')}\n"
+                   f"     - {_span(r['wire_bits_per_coord'], '.2f')}\n"
+                   f"     - {_span(r['veth_ratio'], '.3f')}")
+    out += ["", "Where rank 0's best call went, ms (:class:`~dynamiq.P2PStats`; *other*: the "
+            "rest of the total); *link*: the time rank 0's veth bytes take at the rate; "
+            "*cpu/cores*: the CPU time of all ranks per call over the cores they share (every "
+            "method; torch's have no split).",
+            "", ".. list-table::", "   :header-rows: 1", "",
+            "   * - rate\n     - MB\n     - method\n     - total\n     - codec\n     - wire"
+            "\n     - wait\n     - metadata\n     - other\n     - link\n     - cpu/cores"]
+    for r in rows:
+        split = [r[f"{k}_seconds"] for k in ("codec", "wire", "wait", "metadata")]
+        cells = [r["seconds"], *split, r["seconds"] - sum(split), r["link_seconds"],
+                 r["cpu_bound_seconds"]]
+        if not r["pipeline"]:
+            cells[1:6] = [None] * 5
+        out.append(f"   * - {where(r)}\n     - {r['size_mb']:g}\n     - {r['method']}\n"
+                   + "\n".join(f"     - {v * 1e3:.0f}" if v is not None else "     -"
+                                for v in cells))
+    return out
+
+
 def render(paths: list[str]) -> str:
     """All tables of the given JSON files, one titled block per (file, kind)."""
     lines: list[str] = []
@@ -60,6 +110,12 @@ def render(paths: list[str]) -> str:
         stem = Path(path).stem
         if isinstance(rows, dict) and "copy_gbps" in rows:
             lines += [f".. _{stem}-kernels:", "", f"**{stem}**", "", *_kernels(rows), ""]
+            continue
+        if "rate" in rows[0]:
+            worlds = sorted({r["world_size"] for r in rows})
+            lines += [f".. _{stem}-testbed:", "",
+                      f"**{stem}, {' and '.join(map(str, worlds))} ranks**", "",
+                      *_testbed(rows), ""]
             continue
         scale = "kind" not in rows[0]
         ref = None if scale else next((r["vnmse"] for r in rows if r["method"] == "mxfp8"), None)

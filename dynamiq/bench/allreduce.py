@@ -25,18 +25,21 @@ import torch
 import torch.distributed as dist
 
 from dynamiq.bench.output import stderr_log, write_rows
+from dynamiq.bench.timeplot import check_plot_path, plot_times
 from dynamiq.collectives import api
 from dynamiq.collectives.launch import launch
 
-__all__ = ["DEFAULT_PIPELINES", "TORCH_METHODS", "AllReduceRow", "run"]
+__all__ = ["DEFAULT_PIPELINES", "TORCH_METHODS", "AllReduceRow", "measure_world", "methods_of",
+           "numel_of", "rows_of", "run"]
 
 #: The dynamiq pipelines compared by default (registered names).
 DEFAULT_PIPELINES = ("passthrough-fp32", "bf16", "mxfp8", "dynamiq")
 #: torch's own all-reduce of the float32 input, and of the input cast to bfloat16.
 TORCH_METHODS = ("torch-fp32", "torch-bf16")
 
-#: Seconds one tensor size may take in a world, per method (first calls compile kernels).
-_SECONDS_PER_CASE = 300
+#: Seconds one tensor size may take in a world, per method (first calls compile kernels), on
+#: loopback; a slow link adds its wire time.
+SECONDS_PER_CASE = 300
 
 
 @dataclass
@@ -83,28 +86,46 @@ def _slowest(seconds: float) -> float:
     return float(t)
 
 
-def _case(rank: int, numel: int, methods: Sequence[str], repeat: int) -> dict[str, dict]:
-    """Every method on one input: best time, the best call's stats, the result's deviation."""
+def _case(rank: int, numel: int, methods: Sequence[str], repeat: int,
+          link: bool = False) -> dict[str, dict]:
+    """Every method on one input: best time, the best call's stats, the result's deviation.
+
+    With ``link`` (inside a testbed rank) also this rank's link counters around every timed
+    call: ``veth_tx_bytes`` is their mean over the calls, next to dynamiq's ``bytes_sent`` and
+    ``metadata_bytes`` of one call. ``cpu_seconds`` is the mean CPU time of this process (all
+    its threads, gloo's included) over the timed calls.
+    """
     x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
     bufs = {m: torch.empty(numel, dtype=torch.bfloat16 if m == "torch-bf16" else torch.float32)
             for m in methods}
     stats = {m: api.P2PStats() for m in methods}
+    tx = dict.fromkeys(methods, 0)
+    cpu = dict.fromkeys(methods, 0.0)
+    if link:
+        from dynamiq.testbed.counters import interface_counters
 
     def call(m: str) -> float:
         t = bufs[m]
         t.copy_(x)
         dist.barrier()
-        t0 = time.perf_counter()
+        before = interface_counters().tx_bytes if link else 0
+        c0, t0 = time.process_time(), time.perf_counter()
         if m in TORCH_METHODS:
             dist.all_reduce(t)
         else:
             api.all_reduce(t, m, stats=stats[m])
-        return _slowest(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        cpu[m] += time.process_time() - c0
+        slowest = _slowest(seconds)
+        if link:  # every rank is done: what this rank sent has crossed its link
+            tx[m] += interface_counters().tx_bytes - before
+        return slowest
 
     best: dict[str, dict] = {m: {"seconds": float("inf")} for m in methods}
     rounds: dict[str, list[float]] = {m: [] for m in methods}
     for m in methods:
         call(m)  # warm-up: first-call costs (buffers, schedules, kernels) are not the steady state
+        tx[m], cpu[m] = 0, 0.0
     for _ in range(repeat):
         for m in methods:
             s = call(m)
@@ -114,7 +135,8 @@ def _case(rank: int, numel: int, methods: Sequence[str], repeat: int) -> dict[st
                 best[m] = {"seconds": s, "codec_seconds": st.codec_seconds,
                            "wire_seconds": st.wire_seconds, "wait_seconds": st.wait_seconds,
                            "metadata_seconds": st.metadata_seconds,
-                           "bits_per_coord": st.bits_per_coord}
+                           "bits_per_coord": st.bits_per_coord,
+                           "bytes_sent": st.bytes_sent, "metadata_bytes": st.metadata_bytes}
     ref = bufs["torch-fp32"]
     ring = 2 * (dist.get_world_size() - 1) / dist.get_world_size()
     for m in methods:
@@ -122,14 +144,65 @@ def _case(rank: int, numel: int, methods: Sequence[str], repeat: int) -> dict[st
         if m in TORCH_METHODS:
             # what a ring all-reduce of the payload sends per coordinate, like dynamiq's count
             best[m]["bits_per_coord"] = ring * (16.0 if m == "torch-bf16" else 32.0)
+            best[m]["bytes_sent"] = round(best[m]["bits_per_coord"] * numel / 8)
         best[m]["max_abs_diff"] = float((bufs[m].float() - ref).abs().max())
+        best[m]["cpu_seconds"] = cpu[m] / repeat
+        if link:
+            best[m]["veth_tx_bytes"] = tx[m] / repeat
     return best
 
 
-def _worker(rank: int, n: int, sizes_mb: tuple[float, ...], methods: tuple[str, ...],
-            repeat: int) -> list[dict]:
-    """One rank's measurements, one per tensor size (run in a launched process)."""
-    return [_case(rank, max(1, int(mb * 2**20 / 4)), methods, repeat) for mb in sizes_mb]
+def measure_world(rank: int, n: int, sizes_mb: tuple[float, ...], methods: tuple[str, ...],
+            repeat: int, link: bool = False) -> list[dict]:
+    """One rank's measurements, one per tensor size (run in a launched process or a testbed
+    rank; ``link``: read the rank's link counters, see :func:`_case`)."""
+    return [_case(rank, numel_of(mb), methods, repeat, link) for mb in sizes_mb]
+
+
+def methods_of(pipelines: Sequence[str], repeat: int) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The methods timed (torch's two, then the pipelines) and each pipeline's spec string;
+    checked here, not in n ranks.
+
+    Raises:
+        ValueError: ``repeat < 1``, or a pipeline that does not resolve.
+    """
+    from dynamiq.pipeline import get_pipeline
+
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    specs = {name: str(get_pipeline(name)) for name in pipelines if name not in TORCH_METHODS}
+    return (*TORCH_METHODS, *(m for m in pipelines if m not in TORCH_METHODS)), specs
+
+
+def numel_of(size_mb: float) -> int:
+    """float32 coordinates in ``size_mb`` MB (2**20 bytes), at least 1."""
+    return max(1, int(size_mb * 2**20 / 4))
+
+
+def rows_of(n: int, sizes_mb: Sequence[float], methods: Sequence[str], specs: dict[str, str],
+            per_rank: list[list[dict]], log: Callable[[str], None]) -> list[AllReduceRow]:
+    """The rows of one world from what :func:`measure_world` returned on each rank (rank 0's times,
+    every rank's bits), with a progress line per tensor size."""
+    rows = []
+    for mb, got in zip(sizes_mb, zip(*per_rank)):
+        base = got[0]["torch-fp32"]
+        for m in methods:
+            r0 = got[0][m]
+            rows.append(AllReduceRow(
+                world_size=n, size_mb=mb, numel=numel_of(mb), method=m,
+                pipeline=specs.get(m, ""), seconds=r0["seconds"],
+                ratio=r0["seconds"] / base["seconds"],
+                median_seconds=r0["median_seconds"],
+                median_ratio=r0["median_seconds"] / base["median_seconds"],
+                codec_seconds=r0.get("codec_seconds", 0.0),
+                wire_seconds=r0.get("wire_seconds", 0.0),
+                wait_seconds=r0.get("wait_seconds", 0.0),
+                metadata_seconds=r0.get("metadata_seconds", 0.0),
+                bits_per_coord=[g[m]["bits_per_coord"] for g in got],
+                max_abs_diff=r0["max_abs_diff"]))
+        log(f"  {mb:g} MB: " + ", ".join(f"{m} {got[0][m]['seconds'] * 1e3:.2f} ms"
+                                         for m in methods))
+    return rows
 
 
 def _tables(rows: list[AllReduceRow], methods: Sequence[str], out: Callable[[str], None]
@@ -178,6 +251,7 @@ def run(
     repeat: int = 3,
     *,
     json_path: str | None = None,
+    plot_path: str | None = None,
     out: Callable[[str], None] = print,
     log: Callable[[str], None] | None = None,
 ) -> list[AllReduceRow]:
@@ -189,6 +263,8 @@ def run(
         pipelines: Registered pipeline names or spec strings of ``dynamiq.all_reduce``.
         repeat: Timed rounds after one warm-up; the best time of each method is kept.
         json_path: Also write the rows to this JSON file.
+        plot_path: Also plot time against size here, one panel per world size (``.svg``, or
+            ``.png`` with matplotlib).
         out: Where the tables go.
         log: Where progress lines go (default: standard error).
 
@@ -196,44 +272,26 @@ def run(
         One row per world size, tensor size and method (torch FP32, torch BF16, then the
         pipelines in the order given).
     """
-    from dynamiq.pipeline import get_pipeline
-
     if log is None:
         log = stderr_log
-    specs = {name: str(get_pipeline(name)) for name in pipelines}  # fail here, not in n ranks
-    if repeat < 1:
-        raise ValueError("repeat must be >= 1")
-    methods = (*TORCH_METHODS, *(m for m in pipelines if m not in TORCH_METHODS))
+    methods, specs = methods_of(pipelines, repeat)
+    if plot_path:
+        check_plot_path(plot_path)
     cores = os.cpu_count() or 1
     rows: list[AllReduceRow] = []
     log(f"all-reduce benchmark on loopback gloo: {', '.join(methods)}; best of {repeat}")
     for n in world_sizes:
         threads = max(1, cores // n)
         log(f"world size {n}: spawning {n} processes ({threads} thread(s) each)")
-        per_rank = launch(_worker, n, (tuple(sizes_mb), methods, repeat),
-                          timeout=_SECONDS_PER_CASE * len(sizes_mb) * len(methods),
+        per_rank = launch(measure_world, n, (tuple(sizes_mb), methods, repeat),
+                          timeout=SECONDS_PER_CASE * len(sizes_mb) * len(methods),
                           group_timeout=600,
                           # read by numba when a process imports it
                           env={"NUMBA_NUM_THREADS": str(threads)}, num_threads=threads)
-        for mb, got in zip(sizes_mb, zip(*per_rank)):
-            base = got[0]["torch-fp32"]
-            for m in methods:
-                r0 = got[0][m]
-                rows.append(AllReduceRow(
-                    world_size=n, size_mb=mb, numel=max(1, int(mb * 2**20 / 4)), method=m,
-                    pipeline=specs.get(m, ""), seconds=r0["seconds"],
-                    ratio=r0["seconds"] / base["seconds"],
-                    median_seconds=r0["median_seconds"],
-                    median_ratio=r0["median_seconds"] / base["median_seconds"],
-                    codec_seconds=r0.get("codec_seconds", 0.0),
-                    wire_seconds=r0.get("wire_seconds", 0.0),
-                    wait_seconds=r0.get("wait_seconds", 0.0),
-                    metadata_seconds=r0.get("metadata_seconds", 0.0),
-                    bits_per_coord=[g[m]["bits_per_coord"] for g in got],
-                    max_abs_diff=r0["max_abs_diff"]))
-            log(f"  {mb:g} MB: " + ", ".join(f"{m} {got[0][m]['seconds'] * 1e3:.2f} ms"
-                                             for m in methods))
+        rows += rows_of(n, sizes_mb, methods, specs, per_rank, log)
     _tables(rows, methods, out)
     if json_path:
         write_rows(rows, json_path, log)
+    if plot_path:
+        log(f"wrote {plot_times(rows, plot_path)}")
     return rows

@@ -1,4 +1,5 @@
-"""A dependency-free SVG chart: vNMSE (log scale) against bits per coordinate.
+"""Dependency-free SVG charts: vNMSE (log scale) against bits per coordinate, and panels of
+lines on log-log axes (e.g. all-reduce time against tensor size, one panel per link rate).
 
 Benchmarks write their figures with it, so ``--plot`` works on a bare install.
 """
@@ -6,10 +7,11 @@ Benchmarks write their figures with it, so ``--plot`` works on a bare install.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from html import escape
 from pathlib import Path
 
-__all__ = ["scatter_plot"]
+__all__ = ["line_panels", "scatter_plot"]
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
@@ -80,6 +82,116 @@ def scatter_plot(series: dict[str, list[tuple[float, float]]], path: str | Path,
         ly_ = top + 14 + 18 * i
         out.append(f'<circle cx="{left + pw + 16}" cy="{ly_ - 4}" r="4" fill="{c}"/>')
         out.append(f'<text x="{left + pw + 26}" y="{ly_}">{escape(label)}</text>')
+    out.append("</svg>")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(out) + "\n")
+    return p
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    """Powers of ten within ``[lo, hi]`` (log10 values), with 2 and 5 between them when the
+    range is short."""
+    out = []
+    for e in range(math.floor(lo), math.ceil(hi) + 1):
+        for m in ((1,) if hi - lo > 3 else (1, 2, 5)):
+            v = math.log10(m) + e
+            if lo - 1e-9 <= v <= hi + 1e-9:
+                out.append(v)
+    return out
+
+
+def _tick_label(v: float) -> str:
+    x = 10**v
+    return f"{x:.3g}" if 1e-3 <= x < 1e5 else f"{x:.0e}"
+
+
+def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: str | Path, *,
+                title: str = "", xlabel: str = "", ylabel: str = "",
+                dashed: Collection[str] = ()) -> Path:
+    """Write side-by-side panels of lines on log-log axes (one y range for all) to an SVG file.
+
+    Args:
+        panels: panel title → (series label → ``[(x, y), ...]``); points with a non-positive
+            or non-finite coordinate are skipped. A label has the same colour in every panel.
+        path: Output file (``.svg``).
+        title, xlabel, ylabel: Text.
+        dashed: Labels whose lines are dashed (e.g. the references).
+
+    The x axis is marked at every x of the points when there are at most 8 of them, else at
+    powers of ten.
+
+    Returns:
+        The path written.
+    """
+    pts = [(x, y) for s in panels.values() for ps in s.values() for x, y in ps
+           if x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y)]
+    if not pts:
+        raise ValueError("nothing to plot: no positive finite values")
+    labels = list(dict.fromkeys(lab for s in panels.values() for lab in s))
+    color = {lab: _COLORS[i % len(_COLORS)] for i, lab in enumerate(labels)}
+    pw, ph, left, gap, right, top, bottom = 300, 300, 70, 30, 160, 50, 50
+    w = left + len(panels) * pw + (len(panels) - 1) * gap + right
+    h = top + ph + bottom
+    lx = [math.log10(p[0]) for p in pts]
+    ly = [math.log10(p[1]) for p in pts]
+    x0, x1 = min(lx) - 0.1, max(lx) + 0.1
+    xs = sorted({round(v, 9) for v in lx})
+    xticks = xs if len(xs) <= 8 else _ticks(x0, x1)
+    y0, y1 = math.floor(min(ly) * 2) / 2, math.ceil(max(ly) * 2) / 2
+    if y1 - y0 < 1e-9:
+        y1 += 0.5
+
+    def py(y: float) -> float:
+        return top + (y1 - math.log10(y)) / (y1 - y0) * ph
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+           'font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
+           f'<text x="16" y="{top + ph / 2}" text-anchor="middle" '
+           f'transform="rotate(-90 16 {top + ph / 2})">{escape(ylabel)}</text>']
+    for k, (name, series) in enumerate(panels.items()):
+        left_k = left + k * (pw + gap)
+
+        def px(x: float, left_k: float = left_k) -> float:
+            return left_k + (math.log10(x) - x0) / (x1 - x0) * pw
+
+        out.append(f'<text x="{left_k + pw / 2}" y="{top - 8}" text-anchor="middle">'
+                   f'{escape(name)}</text>')
+        for v in _ticks(y0, y1):
+            y = top + (y1 - v) / (y1 - y0) * ph
+            out.append(f'<line x1="{left_k}" y1="{y:.1f}" x2="{left_k + pw}" y2="{y:.1f}" '
+                       'stroke="#ddd"/>')
+            if k == 0:
+                out.append(f'<text x="{left_k - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                           f'{_tick_label(v)}</text>')
+        for v in xticks:
+            x = left_k + (v - x0) / (x1 - x0) * pw
+            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" '
+                       'stroke="#eee"/>')
+            out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">'
+                       f'{_tick_label(v)}</text>')
+        out.append(f'<rect x="{left_k}" y="{top}" width="{pw}" height="{ph}" fill="none" '
+                   'stroke="black"/>')
+        out.append(f'<text x="{left_k + pw / 2}" y="{h - 12}" text-anchor="middle">'
+                   f'{escape(xlabel)}</text>')
+        for lab, s in series.items():
+            good = sorted((x, y) for x, y in s
+                          if x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y))
+            if len(good) > 1:
+                d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in good)
+                dash = ' stroke-dasharray="6 4"' if lab in dashed else ""
+                out.append(f'<polyline points="{d}" fill="none" stroke="{color[lab]}" '
+                           f'stroke-width="2"{dash}/>')
+            for x, y in good:
+                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" '
+                           f'fill="{color[lab]}"/>')
+    legend_x = left + len(panels) * (pw + gap) - gap + 16
+    for i, lab in enumerate(labels):
+        y = top + 14 + 18 * i
+        out.append(f'<circle cx="{legend_x}" cy="{y - 4}" r="4" fill="{color[lab]}"/>')
+        out.append(f'<text x="{legend_x + 10}" y="{y}">{escape(lab)}</text>')
     out.append("</svg>")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
