@@ -110,6 +110,22 @@ def test_passthrough_averages_as_ddp_default_does():
         assert r["bits"] == pytest.approx(32.0 * 2 * 2 / 3, rel=0.01)  # a ring's 2(n-1)/n words
 
 
+def _train_both_plan(rank, n, _barriers):
+    """Two ranks: the default hook rounds ``g0 / 2 + g1 / 2``, the hook ``(g0 + g1) / 2``;
+    halving is exact (short of subnormals), so independent training gives the same bits."""
+    out = []
+    for pipeline in (None, "passthrough-fp32"):
+        model, _ = _ddp(_net(), pipeline, start_iter=0)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        _train(model, opt, rank, range(5))
+        out.append(_digest(model))
+    return {"same": out[0] == out[1]}
+
+
+def test_passthrough_trains_to_ddp_defaults_parameters_on_two_ranks():
+    assert all(r["same"] for r in world_results(2, _train_both_plan, deadline=600))
+
+
 # ---------------------------------------------------------------- dynamiq: identical replicas
 def _dynamiq_plan(rank, n, _barriers, options):
     dtype = getattr(torch, options.pop("dtype", "float32"))
