@@ -107,15 +107,16 @@ def line_chart(panels: list[dict], path: str | Path, *, title: str = "") -> Path
 
     Args:
         panels: Each a dict with ``series`` (label → ``[(x, y), ...]``; non-finite points
-            are skipped), ``xlabel``, ``ylabel`` and optionally ``title`` and ``hline`` (a
-            ``(y, label)`` drawn dashed across the panel, e.g. a target).
+            are skipped), ``xlabel``, ``ylabel`` and optionally ``title``, ``hline`` (a
+            ``(y, label)`` drawn dashed across the panel, e.g. a target) and ``ylim`` (a
+            ``(low, high)`` range of the y axis; lines beyond it are clipped).
         path: Output file (``.svg``).
         title: Text above the panels.
 
     Returns:
         The path written.
     """
-    pw, ph, left, gap, top, bottom, legend = 380, 300, 60, 50, 50, 50, 140
+    pw, ph, left, gap, top, bottom, legend = 380, 300, 60, 80, 50, 50, 140
     w = left + len(panels) * (pw + gap) - gap + legend
     h = top + ph + bottom
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
@@ -134,6 +135,8 @@ def line_chart(panels: list[dict], path: str | Path, *, title: str = "") -> Path
         xs = [p[0] for p in pts]
         ys = [p[1] for p in pts] + ([hline[0]] if hline else [])
         x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        if panel.get("ylim"):
+            y0, y1 = panel["ylim"]
         if x1 - x0 < 1e-12:
             x0, x1 = x0 - 1, x1 + 1
         if y1 - y0 < 1e-12:
@@ -168,6 +171,8 @@ def line_chart(panels: list[dict], path: str | Path, *, title: str = "") -> Path
                        f'y2="{py(hline[0]):.1f}" stroke="black" stroke-dasharray="5,4"/>')
             out.append(f'<text x="{ox + pw - 4}" y="{py(hline[0]) - 4:.1f}" '
                        f'text-anchor="end">{escape(hline[1])}</text>')
+        out.append(f'<clipPath id="panel{i}"><rect x="{ox}" y="{top}" width="{pw}" '
+                   f'height="{ph}"/></clipPath>')
         for label, s in series.items():
             if label not in labels:
                 labels.append(label)
@@ -176,9 +181,10 @@ def line_chart(panels: list[dict], path: str | Path, *, title: str = "") -> Path
             if len(good) > 1:
                 d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in good)
                 out.append(f'<polyline points="{d}" fill="none" stroke="{c}" '
-                           'stroke-width="1.5"/>')
+                           f'stroke-width="1.5" clip-path="url(#panel{i})"/>')
             for x, y in good[-1:]:
-                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}"/>')
+                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}" '
+                           f'clip-path="url(#panel{i})"/>')
     lx = left + len(panels) * (pw + gap) - gap + 16
     for i, label in enumerate(labels):
         c = _COLORS[i % len(_COLORS)]

@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from dynamiq.bench.output import stderr_log
 from dynamiq.bench.progress import format_seconds
+from dynamiq.bench.train_plot import plot
 from dynamiq.bench.train_rank import TORCH_METHODS, TrainConfig, check_method, train_rank
 
 __all__ = ["DEFAULT_METHODS", "DEFAULT_RATE", "DEFAULT_WORLD_SIZE", "TrainRow", "add_arguments",
@@ -157,49 +159,6 @@ def _table(rows: list[TrainRow], reference: str, out: Callable[[str], None]) -> 
             f"{r.final_val:>9.4f} {delta:>10}")
 
 
-def plot(curves: dict[str, dict], path: str | Path, target: float | None = None,
-         title: str = "") -> Path:
-    """Validation loss against training wall-clock and against steps, one line per method:
-    a PNG through matplotlib (when installed) for a ``.png`` path, else an SVG."""
-    path = Path(path)
-    by_time = {m: [(p[1], p[2]) for p in c["val"]] for m, c in curves.items()}
-    by_step = {m: [(p[0], p[2]) for p in c["val"]] for m, c in curves.items()}
-    hline = (target, "target") if target is not None else None
-    if path.suffix.lower() == ".png":
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as e:
-            raise RuntimeError("a PNG plot needs matplotlib (pip install matplotlib); or give "
-                               "a .svg path") from e
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, data, xl in ((axes[0], by_time, "training wall-clock (s)"),
-                             (axes[1], by_step, "step")):
-            for m, pts in data.items():
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m)
-            if target is not None:
-                ax.axhline(target, ls="--", c="k", lw=0.8, label="target")
-            ax.set_xlabel(xl)
-            ax.set_ylabel("validation loss (nats/byte)")
-        axes[0].legend()
-        fig.suptitle(title)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
-    from dynamiq.bench.svg import line_chart
-
-    return line_chart([
-        {"series": by_time, "xlabel": "training wall-clock (s)",
-         "ylabel": "validation loss (nats/byte)", "title": "loss against time", "hline": hline},
-        {"series": by_step, "xlabel": "step", "ylabel": "validation loss (nats/byte)",
-         "title": "loss against steps", "hline": hline},
-    ], path, title=title)
-
-
 def run(
     methods: Sequence[str] = DEFAULT_METHODS,
     *,
@@ -239,9 +198,11 @@ def run(
 
     Returns:
         ``{"config", "network", "reference", "target_loss", "rows", "curves",
-        "hook_stats"}``: the rows as dicts (:class:`TrainRow`), the curves per method
-        (``val`` and ``train``, lists of ``[step, seconds, loss]``), and per dynamiq method
-        every rank's :class:`~dynamiq.ddp.HookStats` totals.
+        "hook_stats", "load_average"}``: the rows as dicts (:class:`TrainRow`), the curves
+        per method (``val`` and ``train``, lists of ``[step, seconds, loss]``), per dynamiq
+        method every rank's :class:`~dynamiq.ddp.HookStats` totals, and per method the
+        machine's 1-minute load average before and after its run (other work on the same
+        cores slows the steps).
 
     Raises:
         ValueError: an unknown method or bad setting (before anything runs).
@@ -266,9 +227,11 @@ def run(
     log(f"dynamiq train: {cfg.workload.name} for {cfg.steps} steps per method on {network}; "
         f"methods {', '.join(methods)}")
     records: dict[str, list[dict]] = {}
+    load: dict[str, list[float]] = {}  # the machine's 1-minute load average around each run
     bed = Testbed(world_size, shape).up() if why is None else None
     try:
         for m in methods:
+            load[m] = [os.getloadavg()[0]]
             args = (cfg, m, ckdir)
             if bed is not None:
                 records[m] = bed.run(train_rank, args, timeout=timeout, env=_FEW_THREADS,
@@ -278,6 +241,7 @@ def run(
 
                 records[m] = launch(train_rank, world_size, args, timeout=timeout,
                                     env=_FEW_THREADS, num_threads=threads)
+            load[m].append(os.getloadavg()[0])
     finally:
         if bed is not None:
             bed.teardown()
@@ -295,7 +259,7 @@ def run(
                          "threads": threads, "target_tol": target_tol},
               "network": network, "reference": reference, "target_loss": target,
               "rows": [dataclasses.asdict(r) for r in rows], "curves": curves,
-              "hook_stats": hooks}
+              "hook_stats": hooks, "load_average": load}
     if json_path:
         p = Path(json_path)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -311,7 +311,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, method: str,
             bar.update(step)
     _finish(record, state, timer)
     if bar is not None:
-        bar.close(f"val {record['val'][-1][2]:.4f}")
+        done = " (from the checkpoint)" if record["resumed_at"][-1:] == [cfg.steps] else ""
+        bar.close(f"val {record['val'][-1][2]:.4f}{done}")
     return record
 
 

@@ -54,7 +54,7 @@ def test_run_writes_rows_curves_json_and_plot(first):
     saved = json.loads((d / "run.json").read_text())
     assert saved["rows"] == res["rows"] and saved["curves"] == res["curves"]
     assert set(saved) >= {"config", "network", "reference", "target_loss", "rows", "curves",
-                          "hook_stats"}
+                          "hook_stats", "load_average"}
     assert saved["network"].startswith("loopback, 2 ranks")
     assert saved["config"]["steps"] == 4 and saved["config"]["workload"]["d_model"] == 64
     rows = {r["method"]: r for r in res["rows"]}
