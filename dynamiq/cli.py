@@ -1,4 +1,4 @@
-"""The ``dynamiq`` command line: list components, quantize tensors, run benchmarks."""
+"""The ``dynamiq`` command line: list components, quantize tensors, run benchmarks, train."""
 
 from __future__ import annotations
 
@@ -173,6 +173,11 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from dynamiq.bench import train
+
+    return train.run_from_args(args)
+
 def _cmd_testbed(args: argparse.Namespace) -> int:
     from dynamiq.testbed import (
         LinkShape,
@@ -221,6 +226,7 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
+    from dynamiq.bench import train
     from dynamiq.bench.allreduce_cmd import add_allreduce_parser
     from dynamiq.bench.nmse import DEFAULT_METHODS
 
@@ -303,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--json", help="write the rows to this JSON file")
     bs.add_argument("--plot", help="write an SVG chart here")
     bs.set_defaults(func=_cmd_bench_scale)
+
+    tr = sub.add_parser("train", help="data-parallel training of gpt-stdlib through the DDP "
+                        "hook, each method in turn, on the network testbed: time to BF16's "
+                        "loss and the split of a step")
+    train.add_arguments(tr)
+    tr.set_defaults(func=_cmd_train)
 
     t = sub.add_parser("testbed", help="ranks in network namespaces over tc-shaped links "
                        "(needs root and iproute2)")

@@ -1,5 +1,6 @@
-"""Dependency-free SVG charts: vNMSE (log scale) against bits per coordinate, and panels of
-lines on log-log axes (e.g. all-reduce time against tensor size, one panel per link rate).
+"""Dependency-free SVG charts: vNMSE (log scale) against bits per coordinate, panels of lines
+on log-log axes (e.g. all-reduce time against tensor size, one panel per link rate), and lines
+on linear axes (e.g. loss against time).
 
 Benchmarks write their figures with it, so ``--plot`` works on a bare install.
 """
@@ -11,7 +12,7 @@ from collections.abc import Collection
 from html import escape
 from pathlib import Path
 
-__all__ = ["line_panels", "scatter_plot"]
+__all__ = ["line_chart", "line_panels", "scatter_plot"]
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
@@ -192,6 +193,117 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: s
         y = top + 14 + 18 * i
         out.append(f'<circle cx="{legend_x}" cy="{y - 4}" r="4" fill="{color[lab]}"/>')
         out.append(f'<text x="{legend_x + 10}" y="{y}">{escape(lab)}</text>')
+    out.append("</svg>")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(out) + "\n")
+    return p
+
+
+def _linear_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
+    """Round tick values covering ``[lo, hi]``."""
+    span = hi - lo
+    raw = span / max(1, count - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    out, k = [], 0
+    while first + k * step <= hi + 1e-9 * span:
+        out.append(first + k * step)
+        k += 1
+    return out
+
+
+def line_chart(panels: list[dict], path: str | Path, *, title: str = "") -> Path:
+    """Write side-by-side panels of lines on linear axes to an SVG file.
+
+    Args:
+        panels: Each a dict with ``series`` (label → ``[(x, y), ...]``; non-finite points
+            are skipped), ``xlabel``, ``ylabel`` and optionally ``title``, ``hline`` (a
+            ``(y, label)`` drawn dashed across the panel, e.g. a target) and ``ylim`` (a
+            ``(low, high)`` range of the y axis; lines beyond it are clipped).
+        path: Output file (``.svg``).
+        title: Text above the panels.
+
+    Returns:
+        The path written.
+    """
+    pw, ph, left, gap, top, bottom, legend = 380, 300, 60, 80, 50, 50, 140
+    w = left + len(panels) * (pw + gap) - gap + legend
+    h = top + ph + bottom
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+           'font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="14">{escape(title)}</text>']
+    labels: list[str] = []
+    for i, panel in enumerate(panels):
+        ox = left + i * (pw + gap)
+        series = {k: [(x, y) for x, y in v if math.isfinite(x) and math.isfinite(y)]
+                  for k, v in panel["series"].items()}
+        hline = panel.get("hline")
+        pts = [p for s in series.values() for p in s]
+        if not pts:
+            raise ValueError("nothing to plot: no finite values")
+        xs = [p[0] for p in pts]
+        ys = [p[1] for p in pts] + ([hline[0]] if hline else [])
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        if panel.get("ylim"):
+            y0, y1 = panel["ylim"]
+        if x1 - x0 < 1e-12:
+            x0, x1 = x0 - 1, x1 + 1
+        if y1 - y0 < 1e-12:
+            y0, y1 = y0 - 1, y1 + 1
+
+        def px(x: float, _x0=x0, _x1=x1, _ox=ox) -> float:
+            return _ox + (x - _x0) / (_x1 - _x0) * pw
+
+        def py(y: float, _y0=y0, _y1=y1) -> float:
+            return top + (_y1 - y) / (_y1 - _y0) * ph
+
+        for t in _linear_ticks(y0, y1):
+            out.append(f'<line x1="{ox}" y1="{py(t):.1f}" x2="{ox + pw}" y2="{py(t):.1f}" '
+                       'stroke="#ddd"/>')
+            out.append(f'<text x="{ox - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:.4g}</text>')
+        for t in _linear_ticks(x0, x1):
+            out.append(f'<line x1="{px(t):.1f}" y1="{top + ph}" x2="{px(t):.1f}" '
+                       f'y2="{top + ph + 4}" stroke="black"/>')
+            out.append(f'<text x="{px(t):.1f}" y="{top + ph + 18}" text-anchor="middle">'
+                       f'{t:.4g}</text>')
+        out.append(f'<rect x="{ox}" y="{top}" width="{pw}" height="{ph}" fill="none" '
+                   'stroke="black"/>')
+        out.append(f'<text x="{ox + pw / 2}" y="{top - 8}" text-anchor="middle">'
+                   f'{escape(panel.get("title", ""))}</text>')
+        out.append(f'<text x="{ox + pw / 2}" y="{h - 10}" text-anchor="middle">'
+                   f'{escape(panel["xlabel"])}</text>')
+        yl = top + ph / 2
+        out.append(f'<text x="{ox - 44}" y="{yl}" text-anchor="middle" '
+                   f'transform="rotate(-90 {ox - 44} {yl})">{escape(panel["ylabel"])}</text>')
+        if hline:
+            out.append(f'<line x1="{ox}" y1="{py(hline[0]):.1f}" x2="{ox + pw}" '
+                       f'y2="{py(hline[0]):.1f}" stroke="black" stroke-dasharray="5,4"/>')
+            out.append(f'<text x="{ox + pw - 4}" y="{py(hline[0]) - 4:.1f}" '
+                       f'text-anchor="end">{escape(hline[1])}</text>')
+        out.append(f'<clipPath id="panel{i}"><rect x="{ox}" y="{top}" width="{pw}" '
+                   f'height="{ph}"/></clipPath>')
+        for label, s in series.items():
+            if label not in labels:
+                labels.append(label)
+            c = _COLORS[labels.index(label) % len(_COLORS)]
+            good = sorted(s)
+            if len(good) > 1:
+                d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in good)
+                out.append(f'<polyline points="{d}" fill="none" stroke="{c}" '
+                           f'stroke-width="1.5" clip-path="url(#panel{i})"/>')
+            for x, y in good[-1:]:
+                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}" '
+                           f'clip-path="url(#panel{i})"/>')
+    lx = left + len(panels) * (pw + gap) - gap + 16
+    for i, label in enumerate(labels):
+        c = _COLORS[i % len(_COLORS)]
+        y = top + 14 + 18 * i
+        out.append(f'<line x1="{lx}" y1="{y - 4}" x2="{lx + 16}" y2="{y - 4}" stroke="{c}" '
+                   'stroke-width="2"/>')
+        out.append(f'<text x="{lx + 22}" y="{y}">{escape(label)}</text>')
     out.append("</svg>")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

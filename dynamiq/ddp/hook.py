@@ -19,8 +19,9 @@ bucket's size (:meth:`DynamiQState.compresses`):
 DDP builds its buckets anew in each process: the first step runs one bucket of every
 parameter, later steps the buckets rebuilt in the order gradients became ready. The state
 records the rebuilt layout; a process that resumed from a pickled state splits its first-step
-bucket into the recorded buckets and reduces each as the uninterrupted run did (same vectors,
-call numbers and codec state), so training continues bit for bit.
+bucket into the recorded buckets (or, when every parameter fits one bucket, puts it in the
+recorded order) and reduces each as the uninterrupted run did (same vectors, call numbers and
+codec state), so training continues bit for bit.
 
 Non-finite gradients stay non-finite: a NaN or Inf in any rank's bucket makes the averaged
 bucket non-finite on every rank (a plain sum carries it; the compressing codecs decode a block

@@ -218,14 +218,18 @@ class DynamiQState:
 
     def split(self, positions: tuple[int, ...]) -> list[int] | None:
         """The :attr:`layout` buckets that make up a bucket holding ``positions``, in index
-        order, when it is a union of two or more of them (DDP's single first-step bucket in
-        a process that resumed from a checkpoint); else ``None``."""
+        order, when it is a union of them other than one bucket in the same order (DDP's
+        first-step bucket in a process that resumed from a checkpoint: one bucket of every
+        parameter, which may also be a single rebuilt bucket in another order); else
+        ``None``."""
         if self.layout is None:
             return None
         have = set(positions)
         parts = [k for k, b in enumerate(self.layout) if have.issuperset(b)]
-        if len(parts) < 2 or sum(len(self.layout[k]) for k in parts) != len(positions):
+        if not parts or sum(len(self.layout[k]) for k in parts) != len(positions):
             return None
+        if len(parts) == 1 and self.layout[parts[0]] == tuple(positions):
+            return None  # already the recorded bucket
         return parts
 
     def end_step(self) -> None:

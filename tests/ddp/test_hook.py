@@ -278,6 +278,20 @@ def test_hook_stats_add_up_and_reset():
     assert before.plain_numel == 100 and s.plain_numel == 0 and s.bits_per_coord == 0.0
 
 
+def test_split_puts_a_resumed_first_bucket_in_the_recorded_layout():
+    """After a resume DDP's first bucket holds every parameter in its first-step order; the
+    state splits it into the recorded buckets, or reorders it as the one recorded bucket."""
+    state = DynamiQState.__new__(DynamiQState)  # split needs no process group
+    state.layout = None
+    assert state.split((0, 1, 2)) is None
+    state.layout = ((2, 0, 1),)
+    assert state.split((0, 1, 2)) == [0]  # one bucket, rebuilt in another order
+    assert state.split((2, 0, 1)) is None  # already that bucket
+    state.layout = ((1,), (0, 2))
+    assert state.split((0, 1, 2)) == [0, 1]
+    assert state.split((0, 1)) is None  # not a union of recorded buckets
+
+
 # ---------------------------------------------------------------- under torchrun
 def test_the_example_trains_under_torchrun():
     root = Path(__file__).resolve().parents[2]
