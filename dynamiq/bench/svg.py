@@ -83,11 +83,7 @@ def scatter_plot(series: dict[str, list[tuple[float, float]]], path: str | Path,
         ly_ = top + 14 + 18 * i
         out.append(f'<circle cx="{left + pw + 16}" cy="{ly_ - 4}" r="4" fill="{c}"/>')
         out.append(f'<text x="{left + pw + 26}" y="{ly_}">{escape(label)}</text>')
-    out.append("</svg>")
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("\n".join(out) + "\n")
-    return p
+    return _write(out, path)
 
 
 def _ticks(lo: float, hi: float) -> list[float]:
@@ -193,11 +189,7 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: s
         y = top + 14 + 18 * i
         out.append(f'<circle cx="{legend_x}" cy="{y - 4}" r="4" fill="{color[lab]}"/>')
         out.append(f'<text x="{legend_x + 10}" y="{y}">{escape(lab)}</text>')
-    out.append("</svg>")
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("\n".join(out) + "\n")
-    return p
+    return _write(out, path)
 
 
 def _linear_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
@@ -304,6 +296,11 @@ def line_chart(panels: list[dict], path: str | Path, *, title: str = "") -> Path
         out.append(f'<line x1="{lx}" y1="{y - 4}" x2="{lx + 16}" y2="{y - 4}" stroke="{c}" '
                    'stroke-width="2"/>')
         out.append(f'<text x="{lx + 22}" y="{y}">{escape(label)}</text>')
+    return _write(out, path)
+
+
+def _write(out: list[str], path: str | Path) -> Path:
+    """Close the SVG elements ``out`` and write them to ``path`` (folders created)."""
     out.append("</svg>")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
