@@ -135,12 +135,12 @@ STATISTICS.register("absmax", Statistic("max", lambda g: g.abs().amax(1), op="ab
 # sum of squares about the rank's own block mean: no cancellation when the mean dominates
 STATISTICS.register(
     "csumsq", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1),
-                        signed=False)
+                        signed=False, op="csumsq")
 )
 STATISTICS.register("sum8", Statistic("sum", lambda g: g.sum(1), wire="fp8", op="sum"))
 STATISTICS.register(
     "csumsq8", Statistic("sum", lambda g: ((g - g.mean(1, keepdim=True)) ** 2).sum(1), wire="fp8",
-                         signed=False)
+                         signed=False, op="csumsq")
 )
 STATISTICS.register("absmax32", Statistic("max", lambda g: g.abs().amax(1), block=32,
                                           op="absmax"))

@@ -118,8 +118,9 @@ TILE_INTERPRETED = 4096
 #: Wire formats of uncompressed values → (torch dtype, bytes per value).
 WIRE_DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}
 
-#: Block reductions of the metadata phase that backends provide (in float64).
-STAT_OPS = ("sum", "sumsq", "absmax")
+#: Block reductions of the metadata phase that backends provide (in float64): sums, sums of
+#: squares, largest magnitudes and sums of squares about the block's mean (zero padding included).
+STAT_OPS = ("sum", "sumsq", "absmax", "csumsq")
 
 #: Block sizes of the randomized Hadamard transform.
 MIN_HADAMARD_BLOCK = 2

@@ -7,9 +7,10 @@
 * :mod:`~dynamiq.kernels.numba.packing` — the bit streams of per-coordinate codes;
 * :mod:`~dynamiq.kernels.numba.shared_scale`, :mod:`~dynamiq.kernels.numba.intsum` — the
   shared-scale and integer-sum codes;
-* :mod:`~dynamiq.kernels.numba.hadamard` — the blocked randomized Hadamard transform.
+* :mod:`~dynamiq.kernels.numba.hadamard` — the blocked randomized Hadamard transform;
+* :mod:`~dynamiq.kernels.numba.stats` — the metadata phase's block statistics.
 
-Wire values, row permutations and block statistics are torch operations
+Wire values and row permutations are torch operations
 (:class:`~dynamiq.kernels.backend.Backend`'s own). Submodules (and Numba) are imported on
 first use, so discovering the backend costs nothing.
 """
@@ -75,6 +76,9 @@ class NumbaBackend(Backend):
 
     def rht_inverse(self, y, out, block, key, norm):
         _mod("hadamard").rht_inverse(y.numpy(), out.numpy(), block, key[0], key[1], norm)
+
+    def block_statistics(self, y, ops):
+        return _mod("stats").block_statistics(y, ops)
 
 
 #: The backend's instance, found by :func:`dynamiq.kernels.backend.get_backend`.

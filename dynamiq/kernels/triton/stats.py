@@ -15,7 +15,8 @@ Agreement with the torch version:
   is within ``(m - 1) * 2**-53 * sum(|terms|)`` (first order) of the exact sum, so the two
   float64 values differ by at most ``2 * (m - 1) * 2**-53 * sum(|x_i|)`` (``sum``) or
   ``2 * (m - 1) * 2**-53 * sum(x_i**2)`` (``sumsq``), about ``5.7e-14`` of the sum of
-  magnitudes for ``m = 256`` (:func:`stats_tolerance`). After rounding to BF16 (8 significant
+  magnitudes for ``m = 256`` (:func:`~dynamiq.kernels.backend.stats_tolerance`, which also
+  bounds ``csumsq``). After rounding to BF16 (8 significant
   bits) the values are equal unless that float64 interval straddles a BF16 rounding boundary, in
   which case they are neighbouring BF16 values. NaN and ±Inf propagate identically.
 """
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from dynamiq.kernels.abi import STAT_OPS, TILE
+from dynamiq.kernels.backend import stats_tolerance
 from dynamiq.kernels.triton.common import check_device, check_tensor, launch
 from dynamiq.kernels.triton.jit.stats import stats_kernel
 
@@ -52,26 +54,3 @@ def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
                    OP=STAT_OPS.index(op), SG=block, NSG=nsg)
         out[(op, block)] = r.cpu()
     return out
-
-
-def stats_tolerance(op: str, block: int, y: torch.Tensor) -> torch.Tensor:
-    """Bound on ``|triton - torch|`` per block for the unrounded statistic ``op``.
-
-    Args:
-        op: One of :data:`~dynamiq.kernels.abi.STAT_OPS`.
-        block: Coordinates per block.
-        y: The float32 vector the statistics were taken of.
-
-    Returns:
-        float64 ``[blocks]`` on the CPU: 0 for maxima, ``2 * (m - 1) * 2**-53 * sum(|x|)`` for
-        ``sum`` (``x**2`` for ``sumsq``) with ``m`` the block size, enlarged by ``1e-6``
-        relative for second-order terms.
-    """
-    nb = -(-y.numel() // block)
-    g = torch.zeros(nb * block, dtype=torch.float64)
-    g[: y.numel()] = y.detach().to("cpu", torch.float64)
-    g = g.view(nb, block)
-    if op == "absmax":
-        return torch.zeros(nb, dtype=torch.float64)
-    mag = g.abs().sum(1) if op == "sum" else (g * g).sum(1)
-    return mag * (2.0 * (block - 1) * 2.0**-53 * (1.0 + 1e-6))

@@ -13,7 +13,7 @@ __all__ = ["stats_kernel"]
 def stats_kernel(y, n, nblocks, out, OP: tl.constexpr, SG: tl.constexpr, NSG: tl.constexpr):
     """One statistic of ``NSG`` blocks of ``SG`` coordinates per program into ``out[nblocks]``.
 
-    ``OP``: 0 sum, 1 sum of squares, 2 maximum magnitude.
+    ``OP``: 0 sum, 1 sum of squares, 2 maximum magnitude, 3 sum of squares about the mean.
     """
     g = tl.program_id(0).to(tl.int64) * NSG + tl.arange(0, NSG)
     idx = g[:, None] * SG + tl.arange(0, SG)[None, :]
@@ -22,6 +22,10 @@ def stats_kernel(y, n, nblocks, out, OP: tl.constexpr, SG: tl.constexpr, NSG: tl
         r = tl.sum(v, axis=1)
     elif OP == 1:
         r = tl.sum(v * v, axis=1)
+    elif OP == 3:
+        # about the block's mean, the zero padding included
+        c = v - (tl.sum(v, axis=1) / SG)[:, None]
+        r = tl.sum(c * c, axis=1)
     else:
         r = tl.max(tl.abs(v), axis=1)
         has_nan = tl.max((v != v).to(tl.int32), axis=1) != 0

@@ -1,0 +1,86 @@
+"""Numba block statistics of the metadata phase: one compiled pass per statistic.
+
+Twin of :meth:`dynamiq.kernels.backend.Backend.block_statistics` (torch on the CPU). The vector
+is read as zero-padded to whole blocks and every block is reduced in float64, blocks in
+parallel. The rounding to the wire format is not done here: the metadata phase applies one
+rounding to every backend's values.
+
+Agreement with the torch version is that of the Triton kernels
+(:mod:`dynamiq.kernels.triton.stats`): maxima are exact, and the float64 sums, taken here in
+index order, lie within :func:`~dynamiq.kernels.triton.stats.stats_tolerance` of torch's, so
+that after rounding to 8 or 16 bits they agree unless the two straddle a rounding boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba as nb
+import numpy as np
+import torch
+
+from dynamiq.kernels.abi import STAT_OPS
+
+__all__ = ["block_statistics"]
+
+# op codes of the kernel, in the order of STAT_OPS
+_SUM, _SUMSQ, _ABSMAX, _CSUMSQ = range(4)
+assert STAT_OPS == ("sum", "sumsq", "absmax", "csumsq")
+
+
+@nb.njit(parallel=True, cache=True, fastmath=False)
+def _stats(y, block, op, out):  # pragma: no cover - compiled
+    n = y.size
+    nb_ = out.size
+    for b in nb.prange(nb_):
+        lo = b * block
+        hi = min(lo + block, n)
+        if op == _ABSMAX:
+            m = 0.0
+            nan = False
+            for i in range(lo, hi):
+                v = abs(np.float64(y[i]))
+                if v != v:
+                    nan = True
+                elif v > m:
+                    m = v
+            out[b] = np.nan if nan else m
+        elif op == _SUM:
+            s = 0.0
+            for i in range(lo, hi):
+                s += np.float64(y[i])
+            out[b] = s
+        elif op == _SUMSQ:
+            s = 0.0
+            for i in range(lo, hi):
+                v = np.float64(y[i])
+                s += v * v
+            out[b] = s
+        else:
+            # about the block's own mean, the zero padding included (as the definition reads)
+            s = 0.0
+            for i in range(lo, hi):
+                s += np.float64(y[i])
+            mean = s / block
+            q = 0.0
+            for i in range(lo, hi):
+                v = np.float64(y[i]) - mean
+                q += v * v
+            out[b] = q + (block - (hi - lo)) * (mean * mean)
+
+
+def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
+                     ) -> dict[tuple[str, int], torch.Tensor]:
+    """See :meth:`dynamiq.kernels.backend.Backend.block_statistics` (the sums are added in
+    index order; see the module notes for how they may differ from torch's)."""
+    yn = y.detach().contiguous().numpy()
+    n = yn.size
+    out = {}
+    for op, block in ops:
+        if op not in STAT_OPS:
+            raise ValueError(f"block statistics are {STAT_OPS}, not {op!r}")
+        r = np.empty(-(-n // block), dtype=np.float64)
+        if r.size:
+            _stats(yn, int(block), STAT_OPS.index(op), r)
+        out[(op, block)] = torch.from_numpy(r)
+    return out
