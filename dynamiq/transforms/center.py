@@ -28,9 +28,21 @@ def _counts(length: int) -> torch.Tensor:
     return c
 
 
-def _per_coord(v: torch.Tensor, length: int) -> torch.Tensor:
-    """Broadcast a per-super-group float32 vector to ``length`` coordinates."""
-    return v.repeat_interleave(SUPER_GROUP)[:length]
+def _add_per_group(y: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = y + v_j`` on super-group ``j`` (float32 additions; ``out`` may be ``y``).
+
+    The whole super-groups are one broadcast over a ``[groups, SUPER_GROUP]`` view, so no
+    per-coordinate copy of ``v`` is made; a partial last group is added apart.
+    """
+    n = y.numel()
+    whole = n // SUPER_GROUP
+    if whole:
+        k = whole * SUPER_GROUP
+        torch.add(y[:k].view(whole, SUPER_GROUP), v[:whole, None],
+                  out=out[:k].view(whole, SUPER_GROUP))
+    if whole * SUPER_GROUP < n:
+        torch.add(y[whole * SUPER_GROUP:], v[whole], out=out[whole * SUPER_GROUP:])
+    return out
 
 
 @TRANSFORMS.register("center")
@@ -91,7 +103,7 @@ class Center(Transform):
             float32 ``[length]``: ``x − μ_j`` on super-group ``j`` (float32 subtraction).
         """
         mu = self._mean(stats, world_size, x.numel()).to(x.device)
-        return x.sub_(_per_coord(mu, x.numel()))
+        return _add_per_group(x, -mu, x)
 
     def inverse(self, y: torch.Tensor, n: int, *, step: int = 0,
                 stats: Mapping[str, torch.Tensor] | None = None, world_size: int = 1
@@ -108,8 +120,7 @@ class Center(Transform):
         """
         length = y.numel()
         mu = self._mean(stats, world_size, length).to(y.device)
-        y = y + _per_coord(mu * float(world_size), length)
-        return y[:n]
+        return _add_per_group(y, mu * float(world_size), torch.empty_like(y))[:n]
 
     def adjust_statistics(self, stats: Mapping[str, torch.Tensor], world_size: int,
                           length: int) -> dict[str, torch.Tensor]:
