@@ -156,3 +156,15 @@ def case_vector(q: BlockQuantizer, seed: int) -> torch.Tensor:
     tail = rs.standard_normal(B // 2 + 1 if B > 1 else 0) * 10.0
     x = np.concatenate([*blocks, tail]).astype(np.float32)
     return torch.from_numpy(x)
+
+
+def awkward_statistics_vector(seed: int = 7) -> torch.Tensor:
+    """float32 ``[1000]`` for the statistics kernels: magnitudes from 1e-40 to 1e30, two NaNs,
+    ±Inf, and a run of zeros."""
+    rs = np.random.default_rng(seed)
+    y = (rs.standard_normal(1000) * 10.0 ** rs.uniform(-40, 30, 1000)).astype(np.float32)
+    y[[5, 300]] = np.nan
+    y[[600, 990]] = np.inf
+    y[601] = -np.inf
+    y[700:760] = 0.0
+    return torch.from_numpy(y)

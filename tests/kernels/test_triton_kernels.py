@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 
 import triton
 import triton.language as tl
-from _parity import SCALE_CASES, case_vector
+from _parity import SCALE_CASES, awkward_statistics_vector, case_vector
 
 from dynamiq import FORMATS, QUANTIZERS, BlockQuantizer, metadata
 from dynamiq import rng as host_rng
@@ -324,13 +324,7 @@ def test_importing_dynamiq_does_not_import_triton():
 
 # ---------------------------------------------------------------- metadata statistics
 def test_statistics_match_metadata_phase():
-    rs = np.random.default_rng(7)
-    y = (rs.standard_normal(1000) * 10.0 ** rs.uniform(-40, 30, 1000)).astype(np.float32)
-    y[[5, 300]] = np.nan
-    y[[600, 990]] = np.inf
-    y[601] = -np.inf
-    y[700:760] = 0.0
-    y = torch.from_numpy(y)
+    y = awkward_statistics_vector()
     names = [n for n in metadata.STATISTICS.names() if metadata.STATISTICS[n].op]
     assert {"sum", "sumsq", "absmax"} <= set(names)
     want = local_statistics(names, y)
