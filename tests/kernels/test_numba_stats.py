@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
 from _parity import awkward_statistics_vector
+from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dynamiq import metadata
