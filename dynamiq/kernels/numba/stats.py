@@ -7,7 +7,7 @@ rounding to every backend's values.
 
 Agreement with the torch version is that of the Triton kernels
 (:mod:`dynamiq.kernels.triton.stats`): maxima are exact, and the float64 sums, taken here in
-index order, lie within :func:`~dynamiq.kernels.triton.stats.stats_tolerance` of torch's, so
+index order, lie within :func:`~dynamiq.kernels.backend.stats_tolerance` of torch's, so
 that after rounding to 8 or 16 bits they agree unless the two straddle a rounding boundary.
 """
 
@@ -28,7 +28,7 @@ _SUM, _SUMSQ, _ABSMAX, _CSUMSQ = range(4)
 assert STAT_OPS == ("sum", "sumsq", "absmax", "csumsq")
 
 
-@nb.njit(parallel=True, cache=True, fastmath=False)
+@nb.njit(parallel=True, cache=True)
 def _stats(y, block, op, out):  # pragma: no cover - compiled
     n = y.size
     nb_ = out.size
