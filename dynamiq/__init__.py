@@ -3,6 +3,8 @@
 The public API is re-exported here; everything else is an implementation detail.
 """
 
+import logging as _logging
+
 from dynamiq import baselines as _baselines  # noqa: F401  (registers the baselines)
 from dynamiq.codecs import (
     CODECS,
@@ -46,6 +48,10 @@ from dynamiq.topologies import (
 from dynamiq.transforms import TRANSFORMS, Center, Identity, RandomizedHadamard, Transform
 
 __version__ = "0.1.0"
+
+# The library reports through ``logging`` under the "dynamiq" logger and prints nothing itself;
+# applications choose where the records go (``dynamiq --log-level`` on the command line).
+_logging.getLogger("dynamiq").addHandler(_logging.NullHandler())
 
 __all__ = [
     "CODECS",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -231,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     from dynamiq.bench.nmse import DEFAULT_METHODS
 
     p = argparse.ArgumentParser(prog="dynamiq", description=__doc__)
+    p.add_argument("--log-level", default="WARNING",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="what the library reports on standard error through logging "
+                        "(default: WARNING)")
     sub = p.add_subparsers(dest="command", required=True)
 
     f = sub.add_parser("formats", help="list registered formats, quantizers, transforms")
@@ -346,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dynamiq`` console command."""
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(name)s: %(levelname)s: %(message)s")
     for opt in ("n", "world_size"):
         if getattr(args, opt, 1) is not None and getattr(args, opt, 1) <= 0:
             print(f"dynamiq: --{opt.replace('_', '-')} must be positive", file=sys.stderr)

@@ -34,6 +34,7 @@ from dynamiq.bench.allreduce import (
     rows_of,
 )
 from dynamiq.bench.output import stderr_log, write_rows
+from dynamiq.bench.progress import progress_bar
 from dynamiq.bench.timeplot import check_plot_path, plot_times
 from dynamiq.testbed import LinkShape, Testbed, TestbedUnavailable, unavailable_reason
 
@@ -227,8 +228,10 @@ def run_testbed(
     rows: list[NetworkRow] = []
     log(f"all-reduce benchmark across a network testbed: {', '.join(methods)}; best of "
         f"{repeat}")
+    bar = progress_bar(len(shapes) * len(world_sizes), "testbeds", unit="testbed")
     for shape in shapes:
         for n in world_sizes:
+            bar.set_postfix_str(f"{shape.rate}, {n} ranks")
             threads = max(1, cores // n)
             wire = [_fp32_wire_seconds(n, mb, shape.bits_per_second) for mb in sizes_mb]
             # every call at most an FP32 one on the wire, twice over, plus the compute
@@ -244,6 +247,8 @@ def run_testbed(
                                         "OMP_NUM_THREADS": str(threads)},
                                    num_threads=threads)
             rows += _network_rows(shape, n, sizes_mb, methods, specs, per_rank, load, log)
+            bar.update()
+    bar.close()
     _tables(rows, out)
     if json_path:
         write_rows(rows, json_path, log)

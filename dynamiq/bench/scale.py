@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from dynamiq.bench.output import stderr_log, write_rows
+from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import Pipeline
 
@@ -115,6 +116,7 @@ def run(
             states: dict[str, dict] = {m: {} for m, _ in methods}
             nslices = -(-d // sl)
             t_all = time.perf_counter()
+            bar = progress_bar(nslices, f"n={n} {topo}", unit="slice")
             for k in range(nslices):
                 a, b = k * sl, min(d, (k + 1) * sl)
                 x = torch.stack([model.rank_vector(r, a, b, world_size=n, seed=seed)
@@ -130,8 +132,11 @@ def run(
                     err[m] += res.vnmse * exact
                     bits[m] += res.bits * (b - a)
                 del x
-                log(f"  n={n} {topo}: slice {k + 1}/{nslices} "
-                    f"({time.perf_counter() - t_all:.0f}s)")
+                bar.update()
+                if quiet(bar):
+                    log(f"  n={n} {topo}: slice {k + 1}/{nslices} "
+                        f"({time.perf_counter() - t_all:.0f}s)")
+            bar.close()
             for m, p in methods:
                 rows.append(ScaleRow(m, str(p), topo, n, d, bits[m] / d,
                                      err[m] / norm if norm else 0.0, secs[m]))

@@ -36,8 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from dynamiq.bench.output import stderr_log
-from dynamiq.bench.progress import format_seconds
 from dynamiq.bench.train_plot import plot
 from dynamiq.bench.train_rank import TORCH_METHODS, TrainConfig, check_method, train_rank
 
@@ -149,7 +150,7 @@ def _table(rows: list[TrainRow], reference: str, out: Callable[[str], None]) -> 
     out(head)
     out("-" * len(head))
     for r in rows:
-        ttt = (f"{format_seconds(r.time_to_target)} @{r.steps_to_target}"
+        ttt = (f"{tqdm.format_interval(r.time_to_target)} @{r.steps_to_target}"
                if r.time_to_target is not None else "not reached")
         sp = f"{r.speedup:.2f}x" if r.speedup is not None else "—"
         wire = f"{r.wire_mb_per_step:.2f}" if r.wire_mb_per_step is not None else "—"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dynamiq.bench.progress import ProgressBar
+from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.bench.workloads.gpt_stdlib import GptStdlib, stdlib_corpus
 from dynamiq.ddp import DEFAULT_MIN_COMPRESS_NUMEL, DynamiQState, dynamiq_hook
 from dynamiq.testbed.counters import IFNAME_ENV, interface_counters
@@ -265,7 +266,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, method: str,
     chunk = 4 * wl.micro_batch
     bar = None
     if cfg.progress and rank == 0:
-        bar = ProgressBar(method, cfg.steps, initial=record["step"])
+        bar = progress_bar(cfg.steps, method, initial=record["step"])
     if not record["val"]:
         record["val"].append([0, 0.0, _val_loss(model, wl, mine, chunk)])
     loss_sum, loss_n = 0.0, 0
@@ -306,13 +307,20 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, method: str,
                 _finish(record, state, timer)
                 _save(path, model, opt, state, record, method, world_size, cfg)
             if bar is not None:
-                bar.update(step, f"val {v:.4f}", force=True)
-        elif bar is not None:
-            bar.update(step)
+                bar.set_postfix_str(f"val {v:.4f}", refresh=False)
+                if quiet(bar):  # a log, not a terminal: one plain line per evaluation
+                    print(f"{method}: step {step}/{cfg.steps} val {v:.4f}", file=sys.stderr,
+                          flush=True)
+        if bar is not None:
+            bar.update(step - bar.n)
     _finish(record, state, timer)
     if bar is not None:
-        done = " (from the checkpoint)" if record["resumed_at"][-1:] == [cfg.steps] else ""
-        bar.close(f"val {record['val'][-1][2]:.4f}{done}")
+        if record["resumed_at"][-1:] == [cfg.steps]:
+            bar.set_postfix_str(f"val {record['val'][-1][2]:.4f} (from the checkpoint)")
+            if quiet(bar):
+                print(f"{method}: {cfg.steps} steps done (from the checkpoint)",
+                      file=sys.stderr, flush=True)
+        bar.close()
     return record
 
 

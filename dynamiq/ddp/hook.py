@@ -30,6 +30,7 @@ skips the step on every rank.
 """
 
 # (no ``from __future__ import annotations``: DDP checks the hook's annotations as objects)
+import logging
 import time
 
 import torch
@@ -38,6 +39,8 @@ import torch.distributed as dist
 from dynamiq.collectives.api import submit_in_order
 from dynamiq.collectives.p2p import P2PStats, run_p2p
 from dynamiq.ddp.state import DynamiQState
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["dynamiq_hook"]
 
@@ -73,6 +76,8 @@ def dynamiq_hook(state: DynamiQState, bucket: dist.GradBucket
     state.note_bucket(bucket.index(), positions)
     compress = state.compresses(buf.numel())
     dtype = str(buf.dtype).removeprefix("torch.")
+    _log.debug("bucket %d: %d %s coordinates, %s", bucket.index(), buf.numel(), dtype,
+               "compressed" if compress else "plain all-reduce")
     # (bucket key, call number, offsets of its pieces in buf) per compressed reduction
     parts: list[tuple[tuple, int, list[tuple[int, int]]]] = []
     if compress:

@@ -28,7 +28,9 @@ from dynamiq.kernels.backend import (
     backend_for,
     backend_names,
     get_backend,
+    register_backend,
     resolve_backend,
+    unregister_backend,
 )
 from dynamiq.kernels.tables import FormatTables, bucket_lut, element_family
 
@@ -56,6 +58,8 @@ __all__ = [
     "bucket_lut",
     "element_family",
     "get_backend",
+    "register_backend",
     "resolve_backend",
     "rht_norm",
+    "unregister_backend",
 ]

@@ -42,7 +42,7 @@ from dynamiq.kernels.abi import (
 )
 
 __all__ = ["Backend", "backend_for", "backend_names", "get_backend", "padded_blocks",
-           "resolve_backend", "stats_tolerance"]
+           "register_backend", "resolve_backend", "stats_tolerance", "unregister_backend"]
 
 
 class Backend:
@@ -335,6 +335,51 @@ def _discover() -> dict[str, Backend]:
                 found[be.name] = be
         _backends = found
     return _backends
+
+
+def register_backend(backend: Backend) -> Backend:
+    """Make a backend defined outside :mod:`dynamiq.kernels` (a plug-in) known by its name.
+
+    The backends of ``dynamiq/kernels/`` are found by themselves; this is for a backend that
+    lives in another package. ``backend=backend.name`` then selects it everywhere, and
+    ``backend="auto"`` considers it for the device types in its
+    :attr:`~Backend.auto_devices` (after the built-in backends).
+
+    Args:
+        backend: An instance of a :class:`Backend` subclass with a non-empty :attr:`~Backend.name`.
+
+    Returns:
+        ``backend``.
+
+    Raises:
+        TypeError: ``backend`` is not a :class:`Backend` instance.
+        ValueError: its name is empty, ``"auto"``, or taken by another backend.
+    """
+    if not isinstance(backend, Backend):
+        raise TypeError(f"register_backend takes a Backend instance, got {type(backend).__name__}")
+    if not backend.name or backend.name == "auto":
+        raise ValueError(f"a backend needs a name other than '' and 'auto', got {backend.name!r}")
+    found = _discover()
+    if backend.name in found:
+        raise ValueError(f"a kernel backend named {backend.name!r} exists already")
+    found[backend.name] = backend
+    _resolved.clear()
+    return backend
+
+
+def unregister_backend(name: str) -> Backend:
+    """Forget a backend added with :func:`register_backend` and return it.
+
+    Raises:
+        ValueError: ``name`` is a built-in backend or names none.
+    """
+    found = _discover()
+    be = found.get(name)
+    if be is None or type(be).__module__.startswith(__name__.rpartition(".")[0] + "."):
+        raise ValueError(f"{name!r} is not a registered plug-in backend")
+    del found[name]
+    _resolved.clear()
+    return be
 
 
 def backend_names() -> tuple[str, ...]:

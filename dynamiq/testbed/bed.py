@@ -25,11 +25,11 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import itertools
+import logging
 import os
 import signal
 import subprocess
 import threading
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -62,6 +62,7 @@ _lock = threading.RLock()
 _active: dict[int, Testbed] = {}
 _saved_handlers: dict[int, Any] = {}
 _atexit_registered = False
+_log = logging.getLogger(__name__)
 
 
 def _teardown_all() -> None:
@@ -71,7 +72,7 @@ def _teardown_all() -> None:
         try:
             bed.teardown()
         except Exception as e:  # at exit or in a signal: report, do not stop the others
-            warnings.warn(f"testbed {bed.id}: {e}", RuntimeWarning, stacklevel=1)
+            _log.error("testbed %s: %s", bed.id, e)
 
 
 def _on_signal(signum: int, frame) -> None:
@@ -189,6 +190,9 @@ class Testbed:
         if self._up:
             return self
         self.cleaned = clean_stale(self.prefix)  # also checks root and the tools
+        if self.cleaned:
+            _log.info("removed %d stale testbed namespace(s) of prefix %r", len(self.cleaned),
+                      self.prefix)
         with _lock:
             _active[id(self)] = self
             _guard()
@@ -198,6 +202,7 @@ class Testbed:
         except BaseException:
             self.teardown()
             raise
+        _log.info("testbed %s up: %d ranks, %s", self.id, self.world_size, self.shape)
         return self
 
     def _build(self) -> None:
@@ -259,6 +264,8 @@ class Testbed:
         with _lock:
             _active.pop(id(self), None)
             _unguard()
+        if self._up:
+            _log.info("testbed %s torn down", self.id)
         self._up = False
         if problems:
             raise TestbedError(f"testbed {self.id} not fully removed: " + "; ".join(problems))
@@ -272,7 +279,7 @@ class Testbed:
         except TestbedError as e:
             if exc_type is None:
                 raise
-            warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+            _log.error("%s (while handling %s)", e, exc_type.__name__)
 
     # ---- using it -------------------------------------------------------------------------
 

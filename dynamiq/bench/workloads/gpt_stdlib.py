@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.bench.workloads.base import WORKLOADS, Progress, Workload, emulate_ddp, mix_seed
 
 __all__ = ["GptStdlib", "TinyGPT", "stdlib_corpus"]
@@ -251,25 +252,22 @@ class GptStdlib(Workload):
             return self.loss(model, b)
 
         every = max(1, pts[-1] // 10)
+        bar = progress_bar(pts[-1], "gpt-stdlib", enabled=None if progress else False)
 
         def on_step(step: int, loss: float) -> None:
-            if step % every == 0 or step in pts:
+            bar.update(step - bar.n)
+            bar.set_postfix_str(f"loss {loss:.3f}", refresh=False)
+            if quiet(bar) and (step % every == 0 or step in pts):
                 say(f"gpt-stdlib: training step {step}/{pts[-1]} loss {loss:.3f}")
 
         def point_cb(step: int, grads: torch.Tensor) -> None:
             if on_point is not None:
                 on_point(step, model, [batches[r] for r in range(world_size)], grads)
 
-        return emulate_ddp(
-            params,
-            worker_loss,
-            opt,
-            world_size,
-            pts,
-            lr_at=lambda s: self.lr * min(1.0, (s + 1) / max(1, self.warmup)),
-            on_step=on_step,
-            on_point=point_cb,
-        )
+        with bar:
+            return emulate_ddp(params, worker_loss, opt, world_size, pts,
+                               lr_at=lambda s: self.lr * min(1.0, (s + 1) / max(1, self.warmup)),
+                               on_step=on_step, on_point=point_cb)
 
 
 WORKLOADS.register("gpt-stdlib", GptStdlib())
