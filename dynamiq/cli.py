@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -236,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="what the library reports on standard error through logging "
                         "(default: WARNING)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import this module first (repeatable), e.g. one that registers your "
+                        "own formats, quantizers, codecs or pipelines; the current folder is "
+                        "searched first")
     sub = p.add_subparsers(dest="command", required=True)
 
     f = sub.add_parser("formats", help="list registered formats, quantizers, transforms")
@@ -352,6 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dynamiq`` console command."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(name)s: %(levelname)s: %(message)s")
+    if args.imports:
+        sys.path.insert(0, os.getcwd())
+        for module in args.imports:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                print(f"dynamiq: --import {module}: {e}", file=sys.stderr)
+                return 2
     for opt in ("n", "world_size"):
         if getattr(args, opt, 1) is not None and getattr(args, opt, 1) <= 0:
             print(f"dynamiq: --{opt.replace('_', '-')} must be positive", file=sys.stderr)

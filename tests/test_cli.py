@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -92,3 +93,35 @@ def test_testbed_commands_report_without_building(capsys):
         assert code == 0 and "no dqcli testbeds" in capsys.readouterr().out
     else:
         assert code == 3 and "iproute2" in capsys.readouterr().err
+
+
+def test_import_option_registers_a_plugin(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cli_plugin_fmt.py").write_text(
+        "from dynamiq import FORMATS, FloatFormat\n"
+        "FORMATS.register('e2m5_cli_test', FloatFormat(ebits=2, mbits=5, special='none'))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    from dynamiq import FORMATS
+
+    try:
+        assert main(["--import", "cli_plugin_fmt", "formats"]) == 0
+        assert "e2m5_cli_test" in capsys.readouterr().out
+    finally:
+        FORMATS.unregister("e2m5_cli_test")
+        sys.modules.pop("cli_plugin_fmt", None)
+    assert main(["--import", "no_such_module_here", "formats"]) == 2
+    assert "no_such_module_here" in capsys.readouterr().err
+
+
+def test_log_level_option_configures_logging(capsys):
+    import logging
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    try:
+        root.handlers.clear()
+        assert main(["--log-level", "INFO", "formats"]) == 0
+        assert logging.getLogger("dynamiq").getEffectiveLevel() == logging.INFO
+    finally:
+        root.handlers[:] = saved[1]
+        root.setLevel(saved[0])

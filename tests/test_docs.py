@@ -1,9 +1,14 @@
 """The documentation builds without warnings, and its guides run as written.
 
 * ``test_sphinx_build`` builds the HTML docs with warnings as errors (marked ``docs``).
-* ``test_guide_runs`` executes every Python code block of each ``docs/guides/*.rst`` page, in
-  order, in one fresh namespace per page; doctest-style blocks (``>>>``) are checked as doctests.
-  Whatever a guide registers is unregistered afterwards, so other tests never see it.
+* ``test_page_runs`` executes every Python code block of each page (``docs/*.rst`` and
+  ``docs/guides/*.rst``), in order, in one fresh namespace per page; doctest-style blocks
+  (``>>>``) are checked as doctests. Whatever a page registers is unregistered afterwards, so
+  other tests never see it. Fragments that need a process group are ``text`` blocks next to a
+  complete program under ``docs/examples/`` or ``examples/``.
+* ``test_example_script_runs`` runs every program of ``docs/examples/`` (the files with a
+  ``__main__`` block) as its readers would, in a fresh interpreter; the programs check their own
+  results.
 * ``test_api_page_lists_public_api`` keeps ``docs/api.rst`` in step with ``dynamiq.__all__``.
 """
 
@@ -24,6 +29,9 @@ import dynamiq
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 GUIDES = sorted((DOCS / "guides").glob("*.rst"))
+PAGES = sorted(DOCS.glob("*.rst")) + GUIDES
+EXAMPLES = sorted(p for p in (DOCS / "examples").glob("*.py")
+                  if '__name__ == "__main__"' in p.read_text(encoding="utf-8"))
 
 _DIRECTIVE = re.compile(
     r"^(?P<indent>\s*)\.\.\s+(?:(?:code-block|code|sourcecode)::\s*(?:python3?|pycon)|doctest::)"
@@ -112,11 +120,31 @@ def test_guides_have_code() -> None:
         assert python_blocks(path.read_text(encoding="utf-8")), f"{path.name} has no code"
 
 
-@pytest.mark.parametrize("path", GUIDES, ids=[p.stem for p in GUIDES])
-def test_guide_runs(path: Path, clean_registries) -> None:
-    namespace: dict = {"__name__": f"docs_guide_{path.stem}"}
+@pytest.mark.parametrize("path", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+def test_page_runs(path: Path, clean_registries) -> None:
+    namespace: dict = {"__name__": f"docs_page_{path.stem}"}
     for line, src in python_blocks(path.read_text(encoding="utf-8")):
         _run_block(path, line, src, namespace)
+
+
+def test_examples_found() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"first_all_reduce.py", "all_reduce_my_format.py"} <= names, names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_script_runs(path: Path) -> None:
+    if path.stem.startswith("testbed"):
+        from dynamiq.testbed import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            pytest.skip(f"no network testbed here: {reason}")
+    proc = subprocess.run([sys.executable, str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=800)
+    assert proc.returncode == 0, f"{path.name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert proc.stdout.strip(), f"{path.name} printed nothing"
 
 
 def test_block_extraction() -> None:
