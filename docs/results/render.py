@@ -10,6 +10,14 @@ Usage (from the repository root)::
         > docs/results/allreduce_testbed.rst
 
 Each table gets a label ``<file stem>-<kind>`` that :doc:`../benchmarks` includes.
+
+The figures are drawn from the same JSON (:func:`render_figures`, no benchmark reruns) and the
+schedule diagrams from the topologies themselves (:func:`render_schedules`). The Sphinx build
+calls both at its start, into ``docs/generated/figures/``, so the site's figures always show
+the committed numbers; by hand::
+
+    python docs/results/render.py --figures [OUTDIR]
+    python docs/results/render.py --schedules OUTDIR
 """
 
 from __future__ import annotations
@@ -17,6 +25,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+#: This folder: the JSON of every result.
+RESULTS = Path(__file__).resolve().parent
+
+#: The schedules :func:`render_schedules` draws: topology spec and world size.
+SCHEDULES: tuple[tuple[str, int], ...] = (
+    ("ring", 4), ("butterfly", 8), ("hierarchical(ranks_per_node=2)", 8))
 
 
 def _table(rows: list[dict], ref: float | None, scale: bool) -> list[str]:
@@ -128,5 +143,87 @@ def render(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+#: The accuracy results drawn as vNMSE against bits: JSON stem of ``dynamiq bench nmse``.
+NMSE_FIGURES: tuple[str, ...] = ("gpt-stdlib-ring", "gpt-stdlib-butterfly", "minilm-mlm-ring")
+
+
+def render_figures(results: str | Path = RESULTS, outdir: str | Path | None = None
+                   ) -> list[Path]:
+    """Draw the results' figures from their JSON, with the functions the commands' ``--plot``
+    uses, so a figure can never disagree with the numbers next to it.
+
+    One ``<stem>.svg`` per JSON file: vNMSE against bits for each of :data:`NMSE_FIGURES`
+    (``dynamiq bench nmse``), vNMSE against ranks (``scale``, ``dynamiq bench scale``), time
+    against tensor size (``allreduce_testbed``, ``dynamiq bench allreduce --testbed``) and loss
+    curves (``train``, ``dynamiq train``). A missing JSON file is skipped.
+
+    Args:
+        results: The folder of the JSON files.
+        outdir: Where the figures go (created if missing); ``results`` when ``None``.
+
+    Returns:
+        The figures written.
+    """
+    from dynamiq.bench.allreduce_testbed import NetworkRow
+    from dynamiq.bench.nmse import Row, plot_rows
+    from dynamiq.bench.plots import scatter_plot
+    from dynamiq.bench.timeplot import plot_times
+    from dynamiq.bench.train_plot import plot
+
+    d = Path(results)
+    o = Path(outdir) if outdir is not None else d
+    o.mkdir(parents=True, exist_ok=True)
+
+    def load(stem: str):
+        f = d / f"{stem}.json"
+        return json.loads(f.read_text()) if f.is_file() else None
+
+    out = []
+    for stem in NMSE_FIGURES:
+        data = load(stem)
+        if data:
+            rows = [Row(**r) for r in data]
+            first = rows[0]
+            out.append(plot_rows(rows, o / f"{stem}.svg", title=f"{first.workload}, "
+                                 f"n={first.world_size}, {first.topology}"))
+    scale = load("scale")
+    if scale:
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in scale:
+            series.setdefault(f"{r['method']} {r['topology']}", []).append(
+                (r["world_size"], r["vnmse"]))
+        out.append(scatter_plot(series, o / "scale.svg", xlabel="ranks n",
+                                title="synthetic model: vNMSE against ranks"))
+    testbed = load("allreduce_testbed")
+    if testbed:
+        out.append(plot_times([NetworkRow(**r) for r in testbed], o / "allreduce_testbed.svg"))
+    train = load("train")
+    if train:
+        out.append(plot(train["curves"], o / "train.svg", train["target_loss"],
+                        title=train["network"]))
+    return out
+
+
+def render_schedules(outdir: str | Path) -> list[Path]:
+    """Draw the all-reduce schedule of each of :data:`SCHEDULES`, ranks against steps.
+
+    Args:
+        outdir: The folder to write ``schedule-ring.svg``, ``schedule-butterfly.svg`` and
+            ``schedule-hierarchical.svg`` to (created if missing).
+
+    Returns:
+        The files written, in :data:`SCHEDULES` order.
+    """
+    from dynamiq.bench.plots import schedule_diagram
+
+    return [schedule_diagram(spec, n, Path(outdir) / f"schedule-{spec.split('(')[0]}.svg")
+            for spec, n in SCHEDULES]
+
+
 if __name__ == "__main__":
-    sys.stdout.write(render(sys.argv[1:]))
+    if sys.argv[1:2] == ["--figures"]:
+        print("\n".join(map(str, render_figures(RESULTS, *sys.argv[2:3]))))
+    elif sys.argv[1:2] == ["--schedules"] and len(sys.argv) == 3:
+        print("\n".join(map(str, render_schedules(sys.argv[2]))))
+    else:
+        sys.stdout.write(render(sys.argv[1:]))

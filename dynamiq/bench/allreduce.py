@@ -263,8 +263,8 @@ def run(
         pipelines: Registered pipeline names or spec strings of ``dynamiq.all_reduce``.
         repeat: Timed rounds after one warm-up; the best time of each method is kept.
         json_path: Also write the rows to this JSON file.
-        plot_path: Also plot time against size here, one panel per world size (``.svg``, or
-            ``.png`` with matplotlib).
+        plot_path: Also plot time against size here, one panel per world size (``.svg`` or
+            ``.png``; needs matplotlib).
         out: Where the tables go.
         log: Where progress lines go (default: standard error).
 

@@ -44,8 +44,8 @@ def add_allreduce_parser(subparsers) -> argparse.ArgumentParser:
     ba.add_argument("--prefix", default="dynamiq",
                     help="with --testbed: the namespaces' name prefix")
     ba.add_argument("--json", help="write the rows to this JSON file")
-    ba.add_argument("--plot", help="plot time per call against tensor size here (.svg, or "
-                    ".png with matplotlib), one panel per rate (or world size)")
+    ba.add_argument("--plot", help="plot time per call against tensor size here (.svg or "
+                    ".png; needs matplotlib), one panel per rate (or world size)")
     ba.set_defaults(func=run_allreduce_command)
     return ba
 

@@ -203,7 +203,7 @@ def run_testbed(
         pipelines: Registered pipeline names or spec strings of ``dynamiq.all_reduce``.
         repeat: Timed rounds after one warm-up.
         json_path: Also write the rows to this JSON file.
-        plot_path: Also plot time against size here (``.svg``, or ``.png`` with matplotlib).
+        plot_path: Also plot time against size here (``.svg`` or ``.png``; needs matplotlib).
         prefix: The testbeds' namespace prefix.
         out: Where the tables go.
         log: Where progress lines go (default: standard error).

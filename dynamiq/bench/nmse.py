@@ -19,8 +19,10 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dynamiq.bench.output import stderr_log, write_rows
+from dynamiq.bench.plots import check_plot_path, scatter_plot
 from dynamiq.codecs import DynamiQ
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import Pipeline, get_pipeline
@@ -32,6 +34,7 @@ __all__ = [
     "Row",
     "evaluate",
     "method_pipeline",
+    "plot_rows",
     "run",
 ]
 
@@ -195,7 +198,7 @@ def run(
             :data:`SWEEP_BITS`.
         points: Training points to use (default: the workload's).
         json_path: Write every row as JSON here.
-        plot_path: Write an SVG chart (vNMSE against bits) here.
+        plot_path: Write a chart of vNMSE against bits here (``.svg`` or ``.png``).
         cache_dir: Gradient cache folder.
         out: Where tables go.
         log: Progress lines (default: standard error).
@@ -205,6 +208,8 @@ def run(
     """
     from dynamiq.bench.workloads import get_workload
 
+    if plot_path:
+        check_plot_path(plot_path)  # before the measurements, not after them
     if log is None:
         log = stderr_log
     wl = get_workload(workload)
@@ -242,15 +247,28 @@ def run(
     if json_path:
         write_rows(rows, json_path, log)
     if plot_path:
-        from dynamiq.bench.svg import scatter_plot
-
-        series: dict[str, list[tuple[float, float]]] = {}
-        for r in rows:
-            key = r.method if r.kind == "methods" else ("DynamiQ sweep" if r.kind == "sweep"
-                                                        else "ablation")
-            if r.kind == "ablation":
-                continue
-            series.setdefault(key, []).append((r.bits_per_coord, r.vnmse))
-        scatter_plot(series, plot_path, title=f"{name}, n={world_size}, {topology}")
-        log(f"wrote {plot_path}")
+        log(f"wrote {plot_rows(rows, plot_path, title=f'{name}, n={world_size}, {topology}')}")
     return rows
+
+
+def plot_rows(rows: Sequence[Row], path: str | Path, *, title: str = "") -> Path:
+    """Plot vNMSE against bits per coordinate: a line per method and one for the budget sweep
+    (the ablation's rows are left out).
+
+    Args:
+        rows: What :func:`run` returned (or read back from its JSON).
+        path: ``.svg`` or ``.png``.
+        title: Text above the chart.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no row with a positive vNMSE, a bad suffix, or no matplotlib.
+    """
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.kind != "ablation":
+            key = r.method if r.kind == "methods" else "DynamiQ sweep"
+            series.setdefault(key, []).append((r.bits_per_coord, r.vnmse))
+    return scatter_plot(series, path, title=title)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from dynamiq.bench.output import stderr_log, write_rows
+from dynamiq.bench.plots import check_plot_path, scatter_plot
 from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.collectives.simulator import simulate
 from dynamiq.pipeline import Pipeline
@@ -90,7 +91,7 @@ def run(
         slice_coords: Coordinates per streamed slice (default ``max(2^16, 256·n)``, rounded
             to a multiple of ``256·n`` so every rank owns whole super-groups).
         seed: Seed of the synthetic gradients.
-        json_path, plot_path: Optional outputs.
+        json_path, plot_path: Optional outputs (the plot ``.svg`` or ``.png``).
         out: Where the table goes.
         log: Progress lines (default: standard error).
 
@@ -99,6 +100,8 @@ def run(
     """
     from dynamiq.bench.workloads import get_workload
 
+    if plot_path:
+        check_plot_path(plot_path)  # before the measurements, not after them
     if log is None:
         log = stderr_log
     model = get_workload("lognormal")
@@ -152,8 +155,6 @@ def run(
     if json_path:
         write_rows(rows, json_path, log)
     if plot_path:
-        from dynamiq.bench.svg import scatter_plot
-
         series: dict[str, list[tuple[float, float]]] = {}
         for r in rows:
             series.setdefault(f"{r.method} {r.topology}", []).append((r.world_size, r.vnmse))

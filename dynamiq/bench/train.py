@@ -39,6 +39,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dynamiq.bench.output import stderr_log
+from dynamiq.bench.plots import check_plot_path
 from dynamiq.bench.train_plot import plot
 from dynamiq.bench.train_rank import TORCH_METHODS, TrainConfig, check_method, train_rank
 
@@ -192,7 +193,7 @@ def run(
             ``1 + target_tol``.
         threads: Torch and Numba threads per rank.
         json_path: Also write the results here.
-        plot_path: Also write the loss curves here (``.svg``, or ``.png`` with matplotlib).
+        plot_path: Also write the loss curves here (``.svg`` or ``.png``; needs matplotlib).
         timeout: Seconds allowed per method (default: 120 plus 30 per step).
         out: Where the table goes.
         log: Where progress lines go (default: standard error).
@@ -217,6 +218,8 @@ def run(
         raise ValueError("no methods to train")
     for m in methods:
         check_method(m)
+    if plot_path:
+        check_plot_path(plot_path)
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2, got {world_size}")
     shape = LinkShape(rate)
@@ -312,7 +315,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "percent")
     p.add_argument("--threads", type=int, default=1, help="torch and Numba threads per rank")
     p.add_argument("--json", help="write the rows and curves to this JSON file")
-    p.add_argument("--plot", help="write the loss curves here (.svg; .png with matplotlib)")
+    p.add_argument("--plot", help="write the loss curves here (.svg or .png; needs "
+                   "matplotlib)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dynamiq.bench.plots import line_chart
+
 __all__ = ["plot"]
 
 
@@ -24,47 +26,28 @@ def _zoom(curves: dict[str, dict], target: float | None) -> tuple[float, float] 
 
 def plot(curves: dict[str, dict], path: str | Path, target: float | None = None,
          title: str = "") -> Path:
-    """Validation loss against training wall-clock and against steps, one line per method:
-    a PNG through matplotlib (when installed) for a ``.png`` path, else an SVG. The y axis
-    shows the losses after the first fifth of the steps."""
-    path = Path(path)
+    """Plot validation loss against training wall-clock and against steps, one line per
+    method; the y axis shows the losses after the first fifth of the steps.
+
+    Args:
+        curves: Per method, ``{"val": [[step, seconds, loss], ...], ...}`` (what
+            :func:`dynamiq.bench.train.run` returns under ``curves``).
+        path: ``.svg`` or ``.png``.
+        target: A loss drawn dashed across both panels.
+        title: Text above the panels (e.g. the network).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no finite loss, a bad suffix, or no matplotlib.
+    """
     by_time = {m: [(p[1], p[2]) for p in c["val"]] for m, c in curves.items()}
     by_step = {m: [(p[0], p[2]) for p in c["val"]] for m, c in curves.items()}
-    hline = (target, "target") if target is not None else None
-    ylim = _zoom(curves, target)
-    if path.suffix.lower() == ".png":
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as e:
-            raise RuntimeError("a PNG plot needs matplotlib (pip install matplotlib); or give "
-                               "a .svg path") from e
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, data, xl in ((axes[0], by_time, "training wall-clock (s)"),
-                             (axes[1], by_step, "step")):
-            for m, pts in data.items():
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=m)
-            if target is not None:
-                ax.axhline(target, ls="--", c="k", lw=0.8, label="target")
-            if ylim is not None:
-                ax.set_ylim(*ylim)
-            ax.set_xlabel(xl)
-            ax.set_ylabel("validation loss (nats/byte)")
-        axes[0].legend()
-        fig.suptitle(title)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
-    from dynamiq.bench.svg import line_chart
-
+    common = {"ylabel": "validation loss (nats/byte)", "ylim": _zoom(curves, target),
+              "hline": (target, "target") if target is not None else None}
     return line_chart([
-        {"series": by_time, "xlabel": "training wall-clock (s)",
-         "ylabel": "validation loss (nats/byte)", "title": "loss against time", "hline": hline,
-         "ylim": ylim},
-        {"series": by_step, "xlabel": "step", "ylabel": "validation loss (nats/byte)",
-         "title": "loss against steps", "hline": hline, "ylim": ylim},
+        {"series": by_time, "xlabel": "training wall-clock (s)", "title": "loss against time",
+         **common},
+        {"series": by_step, "xlabel": "step", "title": "loss against steps", **common},
     ], path, title=title)

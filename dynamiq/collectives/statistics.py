@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from dynamiq.kernels import backend_for
-from dynamiq.kernels.backend import padded_blocks
+from dynamiq.kernels.blockstats import padded_blocks
 from dynamiq.metadata import STATISTICS
 
 __all__ = ["local_statistics"]

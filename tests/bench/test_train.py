@@ -7,13 +7,10 @@ DynamiQ run from the command line, which must match the resumed run bit for bit.
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 
-from dynamiq.bench.progress import ProgressBar, format_seconds
-from dynamiq.bench.svg import line_chart
 from dynamiq.bench.train import _set_targets, run, summarize
 from dynamiq.bench.train_rank import TrainConfig, check_method, checkpoint_file
 from dynamiq.bench.workloads.gpt_stdlib import GptStdlib
@@ -77,7 +74,7 @@ def test_run_writes_rows_curves_json_and_plot(first):
         assert curve["val"][-1][2] < curve["val"][0][2]  # it learns
         assert r["final_val"] == curve["val"][-1][2]
     assert res["hook_stats"]["dynamiq"][0]["compressed_calls"] > 0
-    assert (d / "run.svg").read_text().startswith("<svg")
+    assert (d / "run.svg").read_text().rstrip().endswith("</svg>")
     for m in ("bf16", "dynamiq"):
         for rank in (0, 1):
             assert checkpoint_file(d / "ck", m, rank).exists()
@@ -152,19 +149,3 @@ def test_split_and_time_to_target_definitions():
     assert fast.final_vs_ref_pct == pytest.approx(-0.5)
     assert slow.time_to_target is None and slow.speedup is None
     assert slow.final_vs_ref_pct == pytest.approx(1.0)
-
-
-def test_progress_bar_and_line_chart(tmp_path):
-    s = io.StringIO()
-    bar = ProgressBar("dynamiq", 10, stream=s, every=1e9)
-    for k in range(1, 11):
-        bar.update(k, f"val {k}", force=k % 5 == 0)
-    bar.close()
-    lines = s.getvalue().splitlines()
-    assert len(lines) == 3 and "1/10" in lines[0] and "10/10" in lines[-1]  # no duplicate end
-    assert "val 10" in lines[-1] and format_seconds(125) == "2m05s"
-    p = line_chart([{"series": {"a": [(0, 3.0), (1, 2.0)], "b": [(0, 3.1), (2, 1.9)]},
-                     "xlabel": "s", "ylabel": "loss", "hline": (2.0, "target")}],
-                   tmp_path / "c.svg", title="t")
-    text = p.read_text()
-    assert text.startswith("<svg") and text.count("<polyline") == 2 and "target" in text

@@ -27,6 +27,7 @@ from dynamiq.bench.workloads import (
     get_workload,
 )
 from dynamiq.bench.workloads import minilm as minilm_mod
+from dynamiq.bench.workloads import minilm_checkpoint as checkpoint_mod
 from dynamiq.bench.workloads.base import flat_grad
 from dynamiq.bench.workloads.lognormal import BLOCK, GROUP, MIXTURE
 from dynamiq.bench.workloads.minilm import MiniLMTokenizer
@@ -230,7 +231,7 @@ def test_lognormal_coordinates_have_the_group_variance():
 
 
 def test_missing_wheel_raises_with_the_install_hint(monkeypatch):
-    monkeypatch.setattr(minilm_mod.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(checkpoint_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(WorkloadUnavailable, match=r"pip install 'dynamiq\[minilm\]'"):
         MiniLMMLM().gradients(2)
 
@@ -242,11 +243,11 @@ def test_missing_tokenizers_raises_with_the_install_hint(monkeypatch, tmp_path):
 
 
 def test_missing_safetensors_raises_with_the_install_hint(monkeypatch, tmp_path):
-    monkeypatch.setattr(minilm_mod, "minilm_dir", lambda: tmp_path)
+    monkeypatch.setattr(checkpoint_mod, "minilm_dir", lambda: tmp_path)
     monkeypatch.setitem(sys.modules, "safetensors", None)
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     with pytest.raises(WorkloadUnavailable, match=r"safetensors.*pip install -e \"\.\[minilm\]\""):
-        minilm_mod._load_files.__wrapped__()  # past the cache, which may hold a loaded checkpoint
+        checkpoint_mod._load_files.__wrapped__()  # past the cache of a loaded checkpoint
 
 
 # ----------------------------------------------------------------------------- minilm (wheel)

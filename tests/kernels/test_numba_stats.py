@@ -12,7 +12,8 @@ from hypothesis import strategies as hs
 from dynamiq import metadata
 from dynamiq.collectives.statistics import local_statistics
 from dynamiq.kernels import STAT_OPS
-from dynamiq.kernels.backend import get_backend, stats_tolerance
+from dynamiq.kernels.backend import get_backend
+from dynamiq.kernels.blockstats import stats_tolerance
 
 NUMBA = get_backend("numba")
 TORCH = get_backend("reference")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from dynamiq.kernels.abi import STAT_OPS, TILE
-from dynamiq.kernels.backend import stats_tolerance
+from dynamiq.kernels.blockstats import stats_tolerance
 from dynamiq.kernels.triton.common import check_device, check_tensor, launch
 from dynamiq.kernels.triton.jit.stats import stats_kernel
 
