@@ -212,6 +212,23 @@ def test_sphinx_build(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"sphinx-build failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     assert (out / "index.html").is_file()
     assert (out / "api.html").is_file()
+    for name in ("schedule-ring", "schedule-butterfly", "schedule-hierarchical",
+                 "gpt-stdlib-ring", "train"):  # drawn by conf.py from the topologies / JSON
+        assert (out / "_images" / f"{name}.svg").is_file(), name
+    _screenshots(out, tmp_path / "shots")
+
+
+def _screenshots(site: Path, outdir: Path) -> None:
+    """The built site renders in headless Chromium (``docs/screenshots.py``), when installed."""
+    spec = importlib.util.spec_from_file_location("docs_screenshots", DOCS / "screenshots.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    if shots.chromium() is None:
+        pytest.skip("site built; no chromium for the screenshots (apt-get install chromium)")
+    report = shots.check_site(site, outdir)
+    assert set(report) == {"index", "guide", "api", "results"}
+    for name, (differ, _colour) in report.items():
+        assert differ > 0.02, f"{name} screenshot is blank"
 
 
 def test_doctest_blocks_are_checked() -> None:
