@@ -68,7 +68,9 @@ def pick_device(quick: bool) -> torch.device:
 
 
 class Timer:
-    """Mean seconds per call of a function: CUDA events on a GPU, ``perf_counter`` on the CPU."""
+    """Seconds per call of a function: ``triton.testing.do_bench`` (CUDA events, L2 flushed
+    between calls, median) on a GPU, :func:`dynamiq.bench.timing.best_time`
+    (``torch.utils.benchmark``) on the CPU."""
 
     def __init__(self, device: torch.device, warmup: int, repeat: int) -> None:
         self.device = device
@@ -76,22 +78,15 @@ class Timer:
         self.repeat = repeat
 
     def __call__(self, fn: Callable[[], object]) -> float:
-        for _ in range(self.warmup):
-            fn()
         if self.device.type != "cuda":
-            t0 = time.perf_counter()
-            for _ in range(self.repeat):
-                fn()
-            return (time.perf_counter() - t0) / self.repeat
-        torch.cuda.synchronize(self.device)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(self.repeat):
+            from dynamiq.bench.timing import best_time
+
+            return best_time(fn, repeat=max(1, self.repeat), warmup=self.warmup)
+        from triton.testing import do_bench
+
+        for _ in range(self.warmup):  # compilation and autotuning are not the steady state
             fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / self.repeat
+        return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
 
 
 def codecs(length: int) -> list[tuple[str, object, object]]:
