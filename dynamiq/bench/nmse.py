@@ -266,7 +266,11 @@ def plot_rows(rows: Sequence[Row], path: str | Path, *, title: str = "") -> Path
     Raises:
         ValueError: no row with a positive vNMSE, a bad suffix, or no matplotlib.
     """
+    # the sweep first, so that the methods' points are drawn over its line (DynamiQ's own
+    # point lies on it)
     series: dict[str, list[tuple[float, float]]] = {}
+    if any(r.kind == "sweep" for r in rows):
+        series["DynamiQ sweep"] = []
     for r in rows:
         if r.kind != "ablation":
             key = r.method if r.kind == "methods" else "DynamiQ sweep"
