@@ -147,6 +147,46 @@ class Schedule:
                 stack.extend((k, False) for k in kids[r])
         return tuple(h)
 
+    def subtree_sizes(self, chunk: int) -> tuple[int, ...]:
+        """Each rank's number of contributions in what it sends (or, for the owner, holds) in
+        chunk ``chunk``'s reduce phase: 1 for a leaf, 1 plus its children's for an internal
+        node, ``world_size`` for the owner. A compressed partial sum of ``s`` contributions
+        carries about ``s`` (independent gradients) to ``s²`` (equal gradients) times one
+        rank's energy, which is what an error model of the whole tree weighs.
+
+        Assumes the parents form a tree (see :meth:`validate`)."""
+        parents = self.parents[chunk]
+        h = self.heights(chunk)
+        size = [1] * self.world_size
+        # children before parents: increasing height
+        for r in sorted(range(self.world_size), key=h.__getitem__):
+            p = parents[r]
+            if p >= 0 and p != r:
+                size[p] += size[r]
+        return tuple(size)
+
+    def compression_factors(self) -> tuple[float, float]:
+        """How one compression's relative error grows over the reduce trees (the error model
+        of DynamiQ's accuracy-targeted budgets, docs/method.rst).
+
+        Returns:
+            ``(Σ_r s_r / n, Σ_r s_r² / n²)`` with ``s_r`` the :meth:`subtree_sizes`, averaged
+            over the chunks weighted by their share of the vector: the vNMSE of a sum whose
+            every rank compresses once with relative error ``v`` is about ``v`` times the first
+            when the ranks' values are independent, the second when they are equal. A ring of
+            ``n`` gives ``(n + 1) / 2`` and ``(n + 1)(2n + 1) / (6n)``.
+        """
+        n = self.world_size
+        ind = eq = total = 0.0
+        for c, w in enumerate(self.chunk_weights):
+            if w <= 0:
+                continue
+            s = self.subtree_sizes(c)
+            ind += w * sum(s) / n
+            eq += w * sum(v * v for v in s) / (n * n)
+            total += w
+        return (ind / total, eq / total) if total > 0 else (1.0, 1.0)
+
     def depth(self, chunk: int) -> int:
         """Height of chunk ``chunk``'s aggregation tree: the most edges from any rank to the owner.
 

@@ -22,7 +22,7 @@ from dynamiq.codecs.base import (
     check_writeback,
     hop_backend,
 )
-from dynamiq.codecs.dynamiq.errors import width_options
+from dynamiq.codecs.dynamiq.errors import measured_error, width_options
 from dynamiq.codecs.dynamiq.options import (
     CodingOption,
     build_options,
@@ -32,6 +32,15 @@ from dynamiq.codecs.dynamiq.options import (
 )
 from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout, gather, scatter
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
+from dynamiq.codecs.dynamiq.target import (
+    calibration,
+    calibration_sums,
+    check_target,
+    predicted_vnmse,
+    reference_error,
+    ring_factors,
+    smallest_budget,
+)
 from dynamiq.metadata import STATISTICS, SUPER_GROUP, metadata_bits
 from dynamiq.quantizers import BlockQuantizer
 from dynamiq.spec import format_call
@@ -100,6 +109,16 @@ class DynamiQ(PartialSumCodec):
             bit/coordinate but halves the relative resolution of the UINT8 group scales below
             it; it helped one real-gradient workload and hurt the other, so it is not the
             default).
+        target: Accuracy-targeted budget: per call, the smallest ``b̄`` (on a 1/64-bit grid)
+            whose vNMSE, predicted from the metadata phase by
+            :mod:`~dynamiq.codecs.dynamiq.target`'s model, stays below ``target``; a number in
+            (0, 1), or ``"mxfp8"`` / ``"mxfp6"`` / ``"mxfp4"`` for that method's predicted
+            vNMSE under the same model. ``bits`` is then not used; the chosen budget is in the
+            per-tensor state (``state["bits"]``) and in the measured bits. ``None``: the fixed
+            budget ``bits``.
+        max_bits: With a ``target``, the largest budget a call may choose (bits per
+            coordinate, metadata included); ``None``: as many as the most accurate option
+            costs.
 
     Raises:
         ValueError: a value out of range, or ``bits`` below what the cheapest option costs
@@ -121,8 +140,12 @@ class DynamiQ(PartialSumCodec):
     dither_min_width: int = 4
     metadata: str = "fp8"
     super_scale: str = "bf16"
+    target: float | str | None = None
+    max_bits: float | None = None
 
     block_size = SUPER_GROUP
+    #: the executors pass their schedule's compression factors to :meth:`prepare`
+    wants_compression_factors = True
 
     @classmethod
     def examples(cls) -> list[DynamiQ]:
@@ -140,6 +163,19 @@ class DynamiQ(PartialSumCodec):
             raise ValueError(f"bits must be a positive number, got {self.bits!r}")
         object.__setattr__(self, "bits", float(self.bits))
         check_settings(self)
+        object.__setattr__(self, "target", check_target(self.target))
+        mb = self.max_bits
+        if isinstance(mb, str):  # from a spec string
+            try:
+                mb = float(mb)
+            except ValueError:
+                raise ValueError(f"max_bits must be a number, got {mb!r}") from None
+        if mb is not None:
+            if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not (
+                    math.isfinite(mb) and mb > 0):
+                raise ValueError(f"max_bits must be a positive number or None, got {mb!r}")
+            mb = float(mb)
+        object.__setattr__(self, "max_bits", mb)
         object.__setattr__(self, "group_size", normalise_group_sizes(self.group_size))
         # pure arithmetic on the options' sizes: no quantizer runs here
         floor = (min(self._option_bits) * 1024 + self._meta_bits(1024 * SUPER_GROUP)) / (
@@ -223,7 +259,8 @@ class DynamiQ(PartialSumCodec):
 
     # ---- the per-call decision ------------------------------------------------------------
     def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
-                state: dict) -> WidthPlan:
+                state: dict, *, compression_factors: tuple[float, float] | None = None
+                ) -> WidthPlan:
         """The option of every super-group of the ``length``-long vector.
 
         Args:
@@ -231,19 +268,25 @@ class DynamiQ(PartialSumCodec):
                 :attr:`statistics` among them).
             length: Coordinates in the vector.
             world_size: Number of ranks.
-            state: The allocator's warm start (kept between calls).
+            state: The allocator's warm start (kept between calls); with a :attr:`target`,
+                also ``state["bits"]`` (the budget chosen by the last call) and
+                ``state["predicted_vnmse"]`` (its predicted vNMSE).
+            compression_factors: The schedule's
+                :meth:`~dynamiq.topologies.Schedule.compression_factors` (the executors pass
+                them); ``None``: a ring's of ``world_size`` ranks. Only a :attr:`target`
+                reads them.
 
         Returns:
             The :class:`WidthPlan`: the allocation of
             :func:`~dynamiq.codecs.allocation.allocate` under ``bits * length`` minus the whole
-            metadata phase, the same on every rank.
+            metadata phase (with a :attr:`target`, the smallest budget whose predicted vNMSE
+            meets it), the same on every rank.
         """
         m = -(-length // SUPER_GROUP)
         if not self.variable:
             choice = np.zeros(m, dtype=np.int64)
             return WidthPlan(choice, self._option_widths, self.bits * length,
                              float(self._option_bits[0] * m))
-        opts = self.width_options
         # energy of the coded values: each rank's spread about its own mean plus, unless a
         # centering transform zeroed the sums, the squared mean the partial sums carry (exact
         # when the ranks' means agree); no difference of large numbers, so no cancellation
@@ -257,25 +300,68 @@ class DynamiQ(PartialSumCodec):
         # the budget covers the whole metadata phase: this codec's statistics and any other
         # component's (e.g. a centering transform's own sum), as the executors account them
         declared = set(self.statistics) | {k for k in stats if k in STATISTICS}
-        budget = self.bits * length - metadata_bits(sorted(declared), length)
+        meta = metadata_bits(sorted(declared), length)
         costs = self._costs(m, length)
-        if m == 1 and float(costs.min()) > budget:
+        if self.target is None:
+            budget = self.bits * length - meta
+            choice = self._choose(energy, budget, costs, length, state)
+        else:
+            factors = compression_factors or ring_factors(world_size)
+            goal = (reference_error(self.target) * math.sqrt(factors[0] * factors[1])
+                    if isinstance(self.target, str) else self.target)
+            errors = np.array([measured_error(q) for q in self.quantizers])
+            # the sampled tails hold for equal gradients; sums of independent ones tend to
+            # Gaussian values: the geometric mean of both regimes, as for the tree factors
+            errors = errors * np.sqrt(calibration(stats, errors, len(self.options)))
+            meta += self.metadata_bits(length)
+            picks: dict[float, np.ndarray] = {}
+
+            def predict(b: float) -> float:
+                picks[b] = self._choose(energy, b * length - meta, costs, length, state)
+                return predicted_vnmse(energy, errors[picks[b]], factors)
+
+            lo = (float(costs.min(axis=1).sum()) + meta) / length
+            hi = self.max_bits if self.max_bits is not None else (
+                (float(costs.max(axis=1).sum()) + meta) / length)
+            b = smallest_budget(lo, hi, predict, goal)
+            choice = picks[b] if b in picks else self._choose(
+                energy, b * length - meta, costs, length, state)
+            budget = b * length - meta
+            state["bits"] = b
+            state["predicted_vnmse"] = predicted_vnmse(energy, errors[choice], factors)
+        used = float(np.take_along_axis(costs, choice[:, None], 1).sum())
+        return WidthPlan(choice, self._option_widths, budget, used)
+
+    def _choose(self, energy: np.ndarray, budget: float, costs: np.ndarray, length: int,
+                state: dict) -> np.ndarray:
+        """int64 ``[m]``: the allocation of ``budget`` bits (metadata excluded)."""
+        opts = self.width_options
+        if costs.shape[0] == 1 and float(costs.min()) > budget:
             # a vector shorter than one super-group whose budget cannot pay even the cheapest
             # option (the metadata and a group's scales dominate a few coordinates): the
             # budget is overrun whatever is sent, so send the most accurate option; the
             # overrun is bounded by one super-group and the result reports the bits spent
-            choice = np.array([int(np.argmin([o.error for o in opts]))], dtype=np.int64)
-        else:
-            alloc_costs = costs
-            if length < SHORT_LENGTH and any(w >= SHORT_MIN_WIDTH for w in self._option_widths):
-                # short vectors: fixed costs (metadata, scales, groups cut short) leave the
-                # narrowest widths, whose error is of the order of the signal; keep them out
-                # (the budget may then be overrun by a bounded amount, reported as spent)
-                narrow = np.array([w < SHORT_MIN_WIDTH for w in self._option_widths])
-                alloc_costs = np.where(narrow[None, :], np.inf, costs)
-            choice = allocate(energy, opts, budget, state, alloc_costs)
-        used = float(np.take_along_axis(costs, choice[:, None], 1).sum())
-        return WidthPlan(choice, self._option_widths, budget, used)
+            return np.array([int(np.argmin([o.error for o in opts]))], dtype=np.int64)
+        alloc_costs = costs
+        if length < SHORT_LENGTH and any(w >= SHORT_MIN_WIDTH for w in self._option_widths):
+            # short vectors: fixed costs (metadata, scales, groups cut short) leave the
+            # narrowest widths, whose error is of the order of the signal; keep them out
+            # (the budget may then be overrun by a bounded amount, reported as spent)
+            narrow = np.array([w < SHORT_MIN_WIDTH for w in self._option_widths])
+            alloc_costs = np.where(narrow[None, :], np.inf, costs)
+        return allocate(energy, opts, budget, state, alloc_costs)
+
+    def metadata_bits(self, length: int) -> int:
+        """With a :attr:`target`, the calibration's float32 sums (one per option, plus the
+        sampled energy); nothing otherwise."""
+        return 32 * (len(self.options) + 1) if self.target is not None and self.variable else 0
+
+    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+        """With a :attr:`target`: this rank's calibration sums (see
+        :func:`~dynamiq.codecs.dynamiq.target.calibration_sums`), sum-reduced."""
+        if self.target is None or not self.variable:
+            return {}
+        return calibration_sums(y, self.quantizers, self.seed)
 
     def _costs(self, m: int, length: int) -> np.ndarray:
         """float64 ``[m, options]``: wire bits of every option for every super-group (a partial

@@ -1,0 +1,221 @@
+"""Accuracy-targeted budgets: predict a call's vNMSE from the metadata, pick the smallest ``b̄``.
+
+A DynamiQ codec built with ``target=`` chooses its budget per call (docs/method.rst,
+"accuracy-targeted budgets"). Everything here reads only what every rank holds after the
+metadata phase (the global per-super-group energies) and the schedule, so every rank picks the
+same budget without another message.
+
+**The error model.** An option of measured relative error ``v`` (one encode–decode of Gaussian
+values, :func:`~dynamiq.codecs.dynamiq.errors.measured_error`) adds ``v · e`` squared error
+when it codes values of energy ``e``. In a reduce tree every rank compresses once: a leaf its
+own values, an internal node its partial sum of ``s`` contributions, the owner the whole sum
+(``s = n``, :meth:`~dynamiq.topologies.Schedule.subtree_sizes`). A super-group of global energy
+``E = Σ_i ‖x_i‖²`` (the metadata's sum of squares over ranks) then contributes
+
+* ``v · E · Σ_r s_r / n`` against a true sum of energy ``E`` when the ranks' gradients are
+  independent (a partial sum of ``s`` carries ``s E / n``), and
+* ``v · E · Σ_r s_r² / n`` against ``n E`` when they are equal (it carries ``s² E / n``).
+
+Relative to the sum these are ``v · c`` with the tree factors ``c_ind = Σ s / n`` and
+``c_eq = Σ s² / n²`` (:meth:`~dynamiq.topologies.Schedule.compression_factors`; a ring of 8
+gives 4.5 and 3.19, a butterfly 2.5 and 1.44). Real gradients lie between the two regimes
+and the metadata cannot tell where, so the prediction is their geometric mean, at most
+``sqrt(c_ind / c_eq)`` from either (1.19 on a ring of 8):
+``vNMSE ≈ sqrt(c_ind c_eq) · Σ_j E_j v(w_j) / Σ_j E_j``.
+
+**Calibration.** The measured errors are those of Gaussian values; real gradients are
+often heavier-tailed inside a group (a group's maximum then sits further above its typical
+value, and the levels are coarser relative to it), which raises every option's error by a
+factor of up to about 2. So each rank also codes a fixed sample of its own super-groups
+(:data:`CALIBRATION_SUPER_GROUPS` of them, evenly spread, each centred on its own mean) with
+every option, and adds its squared errors and the sample's energy to the metadata phase
+(:func:`calibration_sums`); from the sums over ranks every rank derives the same factor per
+option, :func:`calibration`, which multiplies the measured errors.
+
+**The search.** The predicted error falls as the budget grows (the allocation under a larger
+budget never has a larger modelled error), so :func:`smallest_budget` bisects ``b̄`` on a grid
+of 1/64 bit between the cheapest option and ``max_bits``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from dynamiq.metadata import SUPER_GROUP
+
+__all__ = [
+    "BUDGET_STEP",
+    "CALIBRATION_ENERGY",
+    "CALIBRATION_ERRORS",
+    "CALIBRATION_SUPER_GROUPS",
+    "TARGET_NAMES",
+    "calibration",
+    "calibration_sums",
+    "check_target",
+    "predicted_vnmse",
+    "reference_error",
+    "ring_factors",
+    "smallest_budget",
+]
+
+#: Grid of the chosen budgets (bits per coordinate): fine enough that the chosen budget is within
+#: a rounding of the smallest that meets the target, coarse enough for a dozen bisection steps.
+BUDGET_STEP = 1.0 / 64
+#: Super-groups per rank coded with every option to calibrate the error model.
+CALIBRATION_SUPER_GROUPS = 128
+#: Metadata names of the calibration sums.
+CALIBRATION_ERRORS = "dynamiq.calibration.errors"
+CALIBRATION_ENERGY = "dynamiq.calibration.energy"
+#: Stream of the calibration's random numbers (kept apart from every hop's).
+_CALIBRATION_STREAM = (0xCA11B,)
+#: Named targets: the predicted vNMSE of a reference method under the same error model (its
+#: quantizer, registered in :data:`~dynamiq.quantizers.QUANTIZERS`, compresses at every rank).
+TARGET_NAMES = {"mxfp8": "mxfp8", "mxfp6": "mxfp6", "mxfp4": "mxfp4"}
+
+
+def ring_factors(world_size: int) -> tuple[float, float]:
+    """:meth:`~dynamiq.topologies.Schedule.compression_factors` of a ring of ``world_size``
+    ranks (subtree sizes 1 … n): ``((n + 1) / 2, (n + 1)(2n + 1) / (6n))``, the factors a
+    codec assumes when it is prepared outside an executor that passes its schedule's."""
+    n = max(1, int(world_size))
+    return (n + 1) / 2, (n + 1) * (2 * n + 1) / (6 * n)
+
+
+def predicted_vnmse(energy: np.ndarray, errors: np.ndarray, factors: tuple[float, float]) -> float:
+    """The model's vNMSE of one call.
+
+    Args:
+        energy: float64 ``[m]``, every super-group's global energy (non-negative; non-finite
+            entries are left out).
+        errors: float64 ``[m]``, the measured relative error of each super-group's option.
+        factors: ``(c_ind, c_eq)`` of the schedule (see the module doc).
+
+    Returns:
+        ``sqrt(c_ind c_eq) · Σ E_j v_j / Σ E_j``; 0 for an all-zero vector.
+    """
+    ok = np.isfinite(energy)
+    e = np.where(ok, energy, 0.0)
+    tot = float(e.sum())
+    if tot <= 0:
+        return 0.0
+    return math.sqrt(factors[0] * factors[1]) * float((e * errors).sum()) / tot
+
+
+def smallest_budget(lo: float, hi: float, predict: Callable[[float], float],
+                    target: float) -> float:
+    """The smallest budget on the :data:`BUDGET_STEP` grid in ``[lo, hi]`` whose prediction
+    meets ``target`` (``hi`` when none does).
+
+    Args:
+        lo: Cheapest budget (bits per coordinate); rounded up to the grid.
+        hi: Largest budget allowed; rounded down to the grid (at least ``lo``'s grid point).
+        predict: Budget → predicted vNMSE, non-increasing.
+        target: The vNMSE to stay below.
+    """
+    a = math.ceil(lo / BUDGET_STEP - 1e-9)
+    b = max(a, math.floor(hi / BUDGET_STEP + 1e-9))
+    if predict(a * BUDGET_STEP) <= target:
+        return a * BUDGET_STEP
+    if predict(b * BUDGET_STEP) > target:
+        return b * BUDGET_STEP
+    while b - a > 1:  # invariant: a misses the target, b meets it
+        mid = (a + b) // 2
+        if predict(mid * BUDGET_STEP) <= target:
+            b = mid
+        else:
+            a = mid
+    return b * BUDGET_STEP
+
+
+def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
+                     ) -> dict[str, tuple[torch.Tensor, str]]:
+    """One rank's calibration sums: every option's squared error on a sample of ``y``.
+
+    Args:
+        y: float32 ``[d]``, the rank's vector.
+        quantizers: The codec's quantizer per option (``None``: BF16, not sampled).
+        seed: Seed of the sample's rounding.
+
+    Returns:
+        ``{CALIBRATION_ERRORS: (float64 [options], "sum"), CALIBRATION_ENERGY: (float64 [1],
+        "sum")}``: the squared errors of coding the sample with each option, and its energy.
+        The sample is :data:`CALIBRATION_SUPER_GROUPS` whole super-groups at evenly spaced
+        positions, each minus its own mean (what centering leaves, near enough); non-finite
+        values count as 0.
+    """
+    m = y.numel() // SUPER_GROUP
+    k = len(quantizers)
+    errs = torch.zeros(k, dtype=torch.float64)
+    if m == 0:
+        return {CALIBRATION_ERRORS: (errs, "sum"),
+                CALIBRATION_ENERGY: (torch.zeros(1, dtype=torch.float64), "sum")}
+    idx = torch.linspace(0, m - 1, min(m, CALIBRATION_SUPER_GROUPS)).round().long().unique()
+    x = y.detach()[: m * SUPER_GROUP].view(m, SUPER_GROUP)[idx.to(y.device)].float().cpu()
+    x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    x = (x - x.mean(1, keepdim=True)).reshape(-1).contiguous()
+    x64 = x.double()
+    for i, q in enumerate(quantizers):
+        xh = (x.to(torch.bfloat16).float() if q is None
+              else q.decode(q.encode(x, seed=seed, stream=_CALIBRATION_STREAM),
+                            seed=seed, stream=_CALIBRATION_STREAM))
+        errs[i] = float(((xh.double() - x64) ** 2).sum())
+    energy = torch.tensor([float((x64 * x64).sum())], dtype=torch.float64)
+    return {CALIBRATION_ERRORS: (errs, "sum"), CALIBRATION_ENERGY: (energy, "sum")}
+
+
+def calibration(stats: Mapping[str, torch.Tensor], errors: np.ndarray, options: int
+                ) -> np.ndarray:
+    """float64 ``[options]``: the factor by which the sampled errors exceed the model's.
+
+    ``(Σ sampled error / Σ sampled energy) / errors`` per option, from the calibration sums of
+    every rank; 1 where the sums are missing (a codec prepared outside an executor), empty or
+    not finite. Clipped to [0.25, 8] so that one odd sample cannot run the budget to an end.
+    """
+    e = stats.get(CALIBRATION_ERRORS)
+    en = stats.get(CALIBRATION_ENERGY)
+    ones = np.ones(options)
+    if e is None or en is None:
+        return ones
+    e = np.asarray(e, dtype=np.float64).reshape(-1)
+    tot = float(np.asarray(en, dtype=np.float64).reshape(-1)[0])
+    if e.size != options or not (math.isfinite(tot) and tot > 0):
+        return ones
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = (e / tot) / errors
+    return np.clip(np.where(np.isfinite(f) & (f > 0), f, 1.0), 0.25, 8.0)
+
+
+def reference_error(name: str) -> float:
+    """Measured relative error of the quantizer behind a named target (:data:`TARGET_NAMES`)."""
+    from dynamiq.codecs.dynamiq.errors import measured_error
+    from dynamiq.quantizers import QUANTIZERS
+
+    return measured_error(QUANTIZERS.get(TARGET_NAMES[name]))
+
+
+def check_target(target: object, names: Sequence[str] = tuple(TARGET_NAMES)) -> float | str | None:
+    """``target`` as a float in (0, 1), a name of :data:`TARGET_NAMES`, or ``None``.
+
+    Raises:
+        ValueError: anything else (a spec string's number is accepted as text).
+    """
+    if target is None:
+        return None
+    if isinstance(target, str):
+        t = target.strip().lower()
+        if t in names:
+            return t
+        try:
+            target = float(t)
+        except ValueError:
+            raise ValueError(f"target must be a vNMSE in (0, 1) or one of {list(names)}, "
+                             f"got {target!r}") from None
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not (
+            math.isfinite(target) and 0 < target < 1):
+        raise ValueError(f"target must be a vNMSE in (0, 1) or one of {list(names)}, "
+                         f"got {target!r}")
+    return float(target)

@@ -1,0 +1,139 @@
+"""DynamiQ's accuracy-targeted budgets: the tree factors, the search, the calibration, the mode."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dynamiq.codecs import DynamiQ
+from dynamiq.codecs.dynamiq.target import (
+    BUDGET_STEP,
+    CALIBRATION_ENERGY,
+    CALIBRATION_ERRORS,
+    calibration,
+    calibration_sums,
+    check_target,
+    predicted_vnmse,
+    ring_factors,
+    smallest_budget,
+)
+from dynamiq.collectives.simulator import simulate
+from dynamiq.pipeline import Pipeline
+from dynamiq.topologies import get_topology
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 13])
+def test_ring_subtree_sizes_and_factors(n):
+    sched = get_topology("ring").schedule(n)
+    for c in range(sched.num_chunks):
+        assert sorted(sched.subtree_sizes(c)) == list(range(1, n + 1))
+        assert sched.subtree_sizes(c)[sched.owners[c]] == n
+    assert sched.compression_factors() == pytest.approx(ring_factors(n))
+
+
+def test_butterfly_factors_are_smaller_than_the_ring():
+    ring = get_topology("ring").schedule(8).compression_factors()
+    bf = get_topology("butterfly").schedule(8)
+    for c in range(bf.num_chunks):
+        s = bf.subtree_sizes(c)
+        assert max(s) == 8 and sum(s) == 20  # a binomial tree: 8, 4, 2, 2, 1, 1, 1, 1
+    ind, eq = bf.compression_factors()
+    assert ind == pytest.approx(2.5) and eq == pytest.approx(92 / 64)
+    assert ind < ring[0] and eq < ring[1]
+
+
+def test_smallest_budget_is_the_first_grid_point_meeting_the_target():
+    calls = []
+
+    def predict(b):
+        calls.append(b)
+        return 2.0 ** -b
+
+    b = smallest_budget(2.0, 8.0, predict, 2.0 ** -5.3)
+    assert b == pytest.approx(5.3, abs=BUDGET_STEP)
+    assert 2.0 ** -b <= 2.0 ** -5.3 < 2.0 ** -(b - BUDGET_STEP)
+    assert len(calls) < 16
+    assert smallest_budget(2.0, 8.0, predict, 1.0) == 2.0  # the cheapest already meets it
+    assert smallest_budget(2.0, 8.0, predict, 1e-9) == 8.0  # nothing does: the cap
+
+
+@pytest.mark.parametrize("bad", [0, 1, -1e-3, 2.0, float("nan"), "mxfp9", True, "x"])
+def test_bad_targets_raise(bad):
+    with pytest.raises(ValueError, match="target"):
+        check_target(bad)
+    with pytest.raises(ValueError):
+        DynamiQ(target=bad)
+
+
+def test_targets_accepted():
+    assert check_target("1e-3") == 1e-3
+    assert check_target(" MXFP8 ") == "mxfp8"
+    assert DynamiQ(target=0.01).target == 0.01
+    with pytest.raises(ValueError, match="max_bits"):
+        DynamiQ(target=0.01, max_bits=-1)
+
+
+def test_predicted_vnmse_is_the_energy_weighted_error_times_the_factor():
+    e = np.array([1.0, 3.0, 0.0, np.inf])
+    v = np.array([0.1, 0.01, 1.0, 1.0])
+    got = predicted_vnmse(e, v, (4.0, 1.0))
+    assert got == pytest.approx(2.0 * (0.1 + 0.03) / 4.0)
+    assert predicted_vnmse(np.zeros(3), v[:3], (4.0, 1.0)) == 0.0
+
+
+def test_calibration_sees_heavy_tails():
+    g = torch.Generator().manual_seed(0)
+    codec = DynamiQ(target=1e-3)
+    gauss = torch.randn(1 << 16, generator=g)
+    heavy = gauss * torch.rand(1 << 16, generator=g).pow(-0.6)  # Pareto-like magnitudes
+    from dynamiq.codecs.dynamiq.errors import measured_error
+    v = np.array([measured_error(q) for q in codec.quantizers])
+    k = len(codec.options)
+
+    def factors(x):
+        sums = calibration_sums(x, codec.quantizers, 0)
+        return calibration({name: t for name, (t, _) in sums.items()}, v, k)
+
+    fg, fh = factors(gauss), factors(heavy)
+    assert np.all((fg > 0.7) & (fg < 1.4))
+    assert np.median(fh) > 1.3 * np.median(fg)
+    assert np.all(calibration({}, v, k) == 1.0)
+    bad = {CALIBRATION_ERRORS: torch.zeros(k + 1), CALIBRATION_ENERGY: torch.ones(1)}
+    assert np.all(calibration(bad, v, k) == 1.0)
+
+
+@pytest.mark.parametrize("topology", ["ring", "butterfly"])
+def test_target_mode_meets_its_target_on_gaussian_gradients(topology):
+    g = torch.Generator().manual_seed(1)
+    n, d = 8, 1 << 16
+    # super-groups of log-normal energies; every rank's gradient a shared part plus its own
+    scale = torch.exp(torch.randn(d // 256, generator=g)).repeat_interleave(256)
+    x = (torch.randn(d, generator=g) + torch.randn(n, d, generator=g)) * scale
+    chosen = []
+    for target in (3e-3, 3e-4):
+        p = Pipeline(DynamiQ(target=target), topology, ("center",))
+        state: dict = {}
+        r = simulate(p, x, state=state, track_hops=False)
+        bits = state[p.codec]["bits"]
+        chosen.append(bits)
+        assert r.bits == pytest.approx(bits, abs=0.01)  # the budget it chose is what it spent
+        assert target / 1.5 <= r.vnmse <= 1.5 * target, (target, r.vnmse, bits)
+    assert chosen[1] > chosen[0]
+
+
+def test_target_mode_respects_max_bits_and_agrees_with_the_fixed_budget():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 1 << 14, generator=g)
+    capped = Pipeline(DynamiQ(target=1e-6, max_bits=4.5), "ring")
+    st: dict = {}
+    r = simulate(capped, x, state=st, track_hops=False)
+    assert st[capped.codec]["bits"] == 4.5 and r.bits <= 4.5 + 1e-9
+    # a fixed budget equal to the chosen one allocates the same widths (same bytes, same sum)
+    b = st[capped.codec]["bits"]
+    fixed = Pipeline(dataclasses.replace(capped.codec, target=None, max_bits=None, bits=b),
+                     "ring")
+    assert math.isclose(simulate(fixed, x, track_hops=False).bits, r.bits, abs_tol=0.02)
