@@ -157,12 +157,25 @@ def _cmd_bench_nmse(args: argparse.Namespace) -> int:
     try:
         nmse.run(args.workload, world_size=args.world_size, topology=args.topology,
                  methods=methods, bits=args.bits, ablation=args.ablation, sweep=args.sweep,
-                 points=args.points, json_path=args.json, plot_path=args.plot,
-                 cache_dir=args.cache_dir)
+                 targets=_targets(args.targets), bias=args.bias, points=args.points,
+                 json_path=args.json, plot_path=args.plot, cache_dir=args.cache_dir)
     except WorkloadUnavailable as e:
         print(f"dynamiq bench nmse: {e}", file=sys.stderr)
         return 3
     return 0
+
+
+def _targets(text: str | None) -> tuple[float | str, ...]:
+    """``--targets 1e-3,mxfp8`` as numbers and names (checked by the codec)."""
+    out: list[float | str] = []
+    for t in (text or "").split(","):
+        t = t.strip()
+        if t:
+            try:
+                out.append(float(t))
+            except ValueError:
+                out.append(t)
+    return tuple(out)
 
 
 def _cmd_bench_scale(args: argparse.Namespace) -> int:
@@ -300,7 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="budget of the DynamiQ methods, bits/coordinate incl. metadata")
     bn.add_argument("--ablation", action="store_true",
                     help="also run the ablation (uniform levels -> ... -> correlated rounding)")
-    bn.add_argument("--sweep", action="store_true", help="also sweep DynamiQ's budget 3..8 bits")
+    bn.add_argument("--sweep", action="store_true",
+                    help="also sweep DynamiQ's budget 3..8.5 bits and report the bits it needs "
+                         "to match MXFP8's vNMSE")
+    bn.add_argument("--targets", help="also run DynamiQ's accuracy-targeted mode at these "
+                    "comma-separated vNMSE targets (or 'mxfp8'), e.g. 1e-3,3e-4,mxfp8")
+    bn.add_argument("--bias", type=int, default=0, metavar="K",
+                    help="also report, per method, the vNMSE of the mean of K independent "
+                         "calls relative to vNMSE/K (1 = unbiased)")
     bn.add_argument("--points", type=int, help="training points (default: the workload's)")
     bn.add_argument("--cache-dir", help="gradient cache (default: ~/.cache/dynamiq/gradients)")
     bn.add_argument("--json", help="write every row to this JSON file")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynamiq.bench.accuracy import bias_ratio, bits_to_match, target_pipeline, vnmse_at
 from dynamiq.bench.output import stderr_log, write_rows
 from dynamiq.bench.plots import check_plot_path, scatter_plot
 from dynamiq.codecs import DynamiQ
@@ -30,6 +31,7 @@ from dynamiq.pipeline import Pipeline, get_pipeline
 __all__ = [
     "ABLATION",
     "DEFAULT_METHODS",
+    "MXFP8_BITS",
     "SWEEP_BITS",
     "Row",
     "evaluate",
@@ -67,8 +69,10 @@ ABLATION: tuple[tuple[str, str], ...] = (
     ("+ groups of 32 or 64 (default)", "center+dynamiq"),
 )
 
-#: Budgets of the sweep (bits per coordinate).
-SWEEP_BITS = (3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+#: MXFP8's bits per coordinate (E4M3 elements under an E8M0 scale per 32).
+MXFP8_BITS = 8.5
+#: Budgets of the sweep (bits per coordinate); the last is MXFP8's.
+SWEEP_BITS = (3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 8.5)
 
 
 @dataclass
@@ -85,9 +89,15 @@ class Row:
         vnmse: Mean vNMSE over the training points.
         vnmse_points: vNMSE per point.
         points: The training steps.
-        kind: ``"methods"``, ``"ablation"`` or ``"sweep"``.
+        kind: ``"methods"``, ``"ablation"``, ``"sweep"``, ``"target"`` (the accuracy-targeted
+            mode; ``bits_per_coord`` is the budget it chose) or ``"match"`` (derived from the
+            sweep: ``bits_per_coord`` the budget at which DynamiQ reaches the reference's
+            vNMSE, ``vnmse`` that reference's; ``method`` says which).
         unbiased: Whether the pipeline's estimate is unbiased by construction.
         seconds: Simulation time (all points).
+        target: The vNMSE target (or reference name) of a ``"target"`` row.
+        bias: With ``--bias K``: vNMSE of the mean of K independent calls relative to
+            vNMSE/K (1 for an unbiased method, see :func:`~dynamiq.bench.accuracy.bias_ratio`).
     """
 
     workload: str
@@ -102,6 +112,8 @@ class Row:
     kind: str = "methods"
     unbiased: bool = False
     seconds: float = 0.0
+    target: float | str | None = None
+    bias: float | None = None
 
 
 def method_pipeline(method: str | Pipeline, topology: str | None = None,
@@ -156,13 +168,29 @@ def _row(workload: str, label: str, p: Pipeline, sets: Sequence, kind: str,
 
 
 def _fmt_table(rows: list[Row], reference: float | None) -> str:
+    with_bias = any(r.bias is not None for r in rows)
+    with_target = any(r.target is not None for r in rows)
     head = f"{'method':<34} {'topology':<10} {'bits/coord':>10} {'vNMSE':>11} {'vs MXFP8':>9}  bias"
+    head += "      mean-of-K" * with_bias + "   vs target" * with_target
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = (f"{reference / r.vnmse:8.2f}x" if reference and r.vnmse > 0 else f"{'':>9}")
-        lines.append(f"{r.method:<34} {r.topology:<10} {r.bits_per_coord:10.3f} "
-                     f"{r.vnmse:11.4g} {ratio}  {'unbiased' if r.unbiased else 'biased'}")
+        line = (f"{r.method:<34} {r.topology:<10} {r.bits_per_coord:10.3f} "
+                f"{r.vnmse:11.4g} {ratio}  {'unbiased' if r.unbiased else 'biased  '}")
+        if with_bias:
+            line += f"  {r.bias:11.3g}" if r.bias is not None else " " * 13
+        if with_target and r.target is not None:
+            goal = _target_value(r, reference)
+            line += f"  {r.vnmse / goal:9.2f}x" if goal else ""
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _target_value(row: Row, reference: float | None) -> float | None:
+    """The vNMSE a target row aimed at: its number, or the measured reference it names."""
+    if isinstance(row.target, str):
+        return reference if row.target == "mxfp8" else None
+    return row.target
 
 
 def _monotone(values: list[float]) -> bool:
@@ -178,6 +206,8 @@ def run(
     bits: float = 5.0,
     ablation: bool = False,
     sweep: bool = False,
+    targets: Sequence[float | str] = (),
+    bias: int = 0,
     points: int | None = None,
     json_path: str | None = None,
     plot_path: str | None = None,
@@ -195,7 +225,13 @@ def run(
         bits: Budget of DynamiQ methods (bits/coordinate, metadata included).
         ablation: Also run :data:`ABLATION`.
         sweep: Also run DynamiQ (the first DynamiQ method in ``methods``, else ``dynamiq``) at
-            :data:`SWEEP_BITS`.
+            :data:`SWEEP_BITS`, and derive from it the budget at which it matches MXFP8's
+            vNMSE (when ``mxfp8`` is among the methods) and its vNMSE at MXFP8's 8.5 bits.
+        targets: Also run that DynamiQ method in its accuracy-targeted mode at each target (a
+            vNMSE, or ``"mxfp8"``), reporting the budget it chose and the measured vNMSE
+            against the target.
+        bias: With ``K >= 2``, measure every method's bias ratio over ``K`` independent calls
+            (:func:`~dynamiq.bench.accuracy.bias_ratio`); 0 skips it.
         points: Training points to use (default: the workload's).
         json_path: Write every row as JSON here.
         plot_path: Write a chart of vNMSE against bits here (``.svg`` or ``.png``).
@@ -223,20 +259,30 @@ def run(
     for m in methods:
         rows.append(_row(name, m, method_pipeline(m, topology, bits), sets, "methods", log))
     ref = next((r.vnmse for r in rows if r.method == "mxfp8"), None)
+    base = next((m for m in methods if isinstance(get_pipeline(m).codec, DynamiQ)
+                 and get_pipeline(m).codec.variable), "dynamiq")
+    if bias:
+        for r in rows:
+            r.bias = bias_ratio(method_pipeline(r.method, topology, bits), sets, bias)
+            log(f"  {r.method:<34} mean of {bias} calls: {r.bias:.3g} x vNMSE/{bias}")
     out(f"\n{name}, n={world_size}, {topology}, {d} coordinates, "
         f"{len(sets)} training points (steps {', '.join(str(g.point) for g in sets)})")
     out(_fmt_table(rows, ref))
+    if bias:
+        out(f"mean-of-K: vNMSE of the mean of {bias} independent calls / (vNMSE / {bias}); "
+            "1 for an unbiased method")
     if ablation:
         abl = [_row(name, label, method_pipeline(spec + f"@{topology}", None, bits), sets,
                     "ablation", log) for label, spec in ABLATION]
+        if bias:
+            for r in abl:
+                r.bias = bias_ratio(method_pipeline(r.pipeline), sets, bias)
         rows += abl
         out(f"\nablation ({topology}, {bits:g} bits/coordinate)")
         out(_fmt_table(abl, ref))
         ok = _monotone([r.vnmse for r in abl])
         out(f"every step lowers vNMSE: {'yes' if ok else 'NO'}")
     if sweep:
-        base = next((m for m in methods if isinstance(get_pipeline(m).codec, DynamiQ)
-                     and get_pipeline(m).codec.variable), "dynamiq")
         sw = [_row(name, f"{base} @ {b:g} bits", method_pipeline(base, topology, b), sets,
                    "sweep", log) for b in SWEEP_BITS]
         rows += sw
@@ -244,6 +290,14 @@ def run(
         out(_fmt_table(sw, ref))
         ok = _monotone([r.vnmse for r in sw])
         out(f"vNMSE falls with every added bit: {'yes' if ok else 'NO'}")
+        rows += _match_rows(name, base, sw, rows, topology, world_size, out)
+    if targets:
+        tp = [_target_row(name, base, t, method_pipeline(base, topology), sets, log)
+              for t in targets]
+        rows += tp
+        out(f"\naccuracy-targeted budgets ({base}, {topology}): the budget each call chose "
+            "(mean) and the measured vNMSE against the target")
+        out(_fmt_table(tp, ref))
     if json_path:
         write_rows(rows, json_path, log)
     if plot_path:
@@ -251,9 +305,42 @@ def run(
     return rows
 
 
+def _match_rows(name: str, base: str, sweep: list[Row], rows: list[Row], topology: str,
+                world_size: int, out: Callable[[str], None]) -> list[Row]:
+    """The sweep's budget-to-accuracy view: bits to match MXFP8, vNMSE at its 8.5 bits."""
+    pts = [(r.bits_per_coord, r.vnmse) for r in sweep]
+    mx = next((r for r in rows if r.method == "mxfp8" and r.kind == "methods"), None)
+    derived = []
+    # the sweep's last budget is MXFP8's: its row is the answer even where the codec's widest
+    # options cost less than the budget (it then spends what they cost)
+    last = sweep[-1]
+    at = last.vnmse if SWEEP_BITS[-1] == MXFP8_BITS else vnmse_at(pts, MXFP8_BITS)
+    if at is not None:
+        derived.append(Row(name, f"{base} at {MXFP8_BITS:g} bits", "", topology, world_size,
+                           MXFP8_BITS, at, kind="match", unbiased=sweep[0].unbiased))
+    if mx is not None:
+        need = bits_to_match(pts, mx.vnmse)
+        gain = f"; {mx.vnmse / at:.2f}x lower vNMSE at {MXFP8_BITS:g} bits" if at else ""
+        out(f"{base} matches MXFP8's vNMSE {mx.vnmse:.4g} at "
+            + (f"{need:.2f} bits/coordinate" if need is not None else
+               "no budget of the sweep") + gain)
+        if need is not None:
+            derived.append(Row(name, f"{base} bits to match mxfp8", "", topology, world_size,
+                               need, mx.vnmse, kind="match", unbiased=sweep[0].unbiased))
+    return derived
+
+
+def _target_row(name: str, base: str, target: float | str, p: Pipeline, sets: Sequence,
+                log: Callable[[str], None]) -> Row:
+    row = _row(name, f"{base}(target={target})", target_pipeline(p, target), sets, "target",
+               log)
+    row.target = target
+    return row
+
+
 def plot_rows(rows: Sequence[Row], path: str | Path, *, title: str = "") -> Path:
-    """Plot vNMSE against bits per coordinate: a line per method and one for the budget sweep
-    (the ablation's rows are left out).
+    """Plot vNMSE against bits per coordinate: a line per method, one for the budget sweep and
+    the point where the sweep matches MXFP8 (the ablation's and targets' rows are left out).
 
     Args:
         rows: What :func:`run` returned (or read back from its JSON).
@@ -272,7 +359,9 @@ def plot_rows(rows: Sequence[Row], path: str | Path, *, title: str = "") -> Path
     if any(r.kind == "sweep" for r in rows):
         series["DynamiQ sweep"] = []
     for r in rows:
-        if r.kind != "ablation":
+        if r.kind in ("methods", "sweep"):
             key = r.method if r.kind == "methods" else "DynamiQ sweep"
             series.setdefault(key, []).append((r.bits_per_coord, r.vnmse))
+        elif r.kind == "match" and "to match" in r.method:
+            series["DynamiQ matching MXFP8"] = [(r.bits_per_coord, r.vnmse)]
     return scatter_plot(series, path, title=title)

@@ -6,9 +6,11 @@ import itertools
 import json
 
 import pytest
+import torch
 
 from dynamiq.bench import nmse, scale
 from dynamiq.cli import main
+from dynamiq.pipeline import get_pipeline
 
 WL = "lognormal(d=32768)"
 
@@ -85,3 +87,53 @@ def test_scale_streams_slices(tmp_path):
     assert rows[0].bits_per_coord <= 5.0 + 1e-9 and rows[0].d == 3 * 4096
     assert all(r.vnmse > 0 for r in rows)
     assert json.loads((tmp_path / "s.json").read_text())[0]["world_size"] == 4
+
+
+# ---- derived views: bits to match a reference, bias, targets ---------------------------------
+
+def test_bits_to_match_interpolates_in_log_vnmse():
+    from dynamiq.bench.accuracy import bits_to_match, vnmse_at
+
+    sweep = [(5.0, 1e-3), (3.0, 1e-1), (4.0, 1e-2)]
+    assert bits_to_match(sweep, 1e-2) == pytest.approx(4.0)
+    assert bits_to_match(sweep, 10 ** -1.5) == pytest.approx(3.5)
+    assert bits_to_match(sweep, 1.0) == 3.0  # already below at the smallest budget
+    assert bits_to_match(sweep, 1e-6) is None  # never reached
+    assert bits_to_match([], 1e-3) is None
+    assert vnmse_at(sweep, 4.5) == pytest.approx(10 ** -2.5)
+    assert vnmse_at(sweep, 9.0) is None
+
+
+def test_bias_ratio_tells_biased_from_unbiased():
+    from dynamiq.bench.accuracy import bias_ratio
+    from dynamiq.bench.workloads import GradientSet
+
+    g = torch.Generator().manual_seed(0)
+    sets = [GradientSet("t", 0, torch.randn(4, 1 << 13, generator=g))]
+    unbiased = bias_ratio(get_pipeline("dynamiq"), sets, 4)
+    # BF16 rounds to nearest: every call makes the same error, which no mean removes
+    biased = bias_ratio(get_pipeline("bf16"), sets, 4)
+    assert 0.6 < unbiased < 1.6
+    assert biased == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="at least 2"):
+        bias_ratio(get_pipeline("dynamiq"), sets, 1)
+
+
+def test_run_reports_match_target_and_bias_rows(tmp_path):
+    rows = nmse.run("lognormal(d=65536)", world_size=4, methods=("dynamiq", "mxfp8"),
+                    sweep=True, targets=(1e-3, "mxfp8"), bias=2, json_path=tmp_path / "r.json",
+                    plot_path=tmp_path / "r.svg", out=lambda _s: None, log=lambda _s: None)
+    kinds = {r.kind for r in rows}
+    assert {"methods", "sweep", "match", "target"} <= kinds
+    assert all(r.bias is not None for r in rows if r.kind == "methods")
+    match = [r for r in rows if r.kind == "match" and "to match" in r.method]
+    sweep = sorted((r.bits_per_coord, r.vnmse) for r in rows if r.kind == "sweep")
+    mx = next(r for r in rows if r.method == "mxfp8")
+    if match:
+        lo = max(b for b, v in sweep if v >= mx.vnmse)
+        hi = min(b for b, v in sweep if v <= mx.vnmse)
+        assert lo <= match[0].bits_per_coord <= hi
+    targets = [r for r in rows if r.kind == "target"]
+    assert [r.target for r in targets] == [1e-3, "mxfp8"]
+    assert json.loads((tmp_path / "r.json").read_text())[-1]["target"] == "mxfp8"
+    assert (tmp_path / "r.svg").stat().st_size > 0
