@@ -70,6 +70,9 @@ class HopContext:
             under (:attr:`producer`): codecs whose decoding depends on the encoder's random
             numbers (subtractive dithering) regenerate them from its rank and stream. ``None``
             means the message was compressed under this context itself.
+        summands: Number of ranks whose contributions a message compressed under this context
+            sums (1 at a leaf, the rank's subtree size in the chunk's aggregation tree, the
+            world size at the owner); THC's codes of an odd grid depend on its parity.
     """
 
     seed: int = 0
@@ -81,6 +84,7 @@ class HopContext:
     prepared: Mapping[Any, Any] | None = field(default=None, compare=False, hash=False)
     backend: str = field(default="auto", compare=False, hash=False)
     source: HopContext | None = field(default=None, compare=False, hash=False)
+    summands: int = 1
 
     @property
     def producer(self) -> HopContext:
@@ -108,6 +112,10 @@ class PartialSumCodec:
     unbiased: bool = False
     statistics: tuple[str, ...] = ()
     variable_size: bool = False
+    #: Whether every rank's own contribution is rounded once by :meth:`round_own` before any
+    #: hop (the executors then call it on every chunk a rank sends or owns), so that the hops
+    #: only add values on a shared grid.
+    rounds_own: bool = False
 
     @classmethod
     def examples(cls) -> list[PartialSumCodec]:
@@ -165,6 +173,12 @@ class PartialSumCodec:
             raise ValueError(f"{self.spec()}: the HopContext carries no prepared plan for this "
                              "codec (run it inside a pipeline: simulate / all_reduce)")
         return ctx.prepared[self]
+
+    def round_own(self, x: torch.Tensor, ctx: HopContext) -> None:
+        """Round one rank's own float32 chunk ``x`` in place, once per call, before it enters
+        any hop (for codecs with :attr:`rounds_own`): a rounding that cannot be applied to a
+        partial sum (THC's non-uniform levels) happens here, where the rank's value is still
+        alone. Nothing by default."""
 
     def observe(self, result: torch.Tensor, prepared: Any, world_size: int, state: dict) -> None:
         """Learn from the all-reduced ``result`` (bit-identical on every rank, so every rank

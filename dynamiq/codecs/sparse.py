@@ -1,8 +1,22 @@
 """The OmniReduce baseline as a partial-sum codec: block sparsification (docs/method.rst).
 
 The vector is cut into blocks of 256 coordinates. Only a call-wide set of *selected* blocks
-travels, exactly summed in BF16; every other block is dropped (its result is 0), which biases
-the sum towards zero (``unbiased = False``).
+travels, summed in BF16 (or FP16, ``wire="fp16"``, as OmniReduce's paper runs it); every other
+block is dropped (its result is 0), which biases the sum towards zero (``unbiased = False``).
+
+Two ways to choose the blocks:
+
+* **a fixed keep fraction** (``keep``, the ``omnireduce-paper`` pipeline): OmniReduce sends the
+  blocks that are non-zero; on dense gradients it is run with a block top-k, every worker
+  keeping its ``ceil(keep * B)`` blocks of largest norm among the ``B`` blocks. The union of
+  the ranks' choices travels (each rank flags its blocks in a 1-bit-per-block bitmap,
+  max-reduced), so the density lies between ``keep`` (identical choices) and ``n * keep``.
+* **a budget** (``keep=None``, the ``omnireduce`` pipeline), steps 1–3 below.
+
+FP16 has a fixed range (65504 down to 6e-8), which is why FP16 training scales its loss: every
+call scales the travelling FP16 values by the power of two ``2**e`` putting ``n M`` just below
+65504 (``M`` the largest finite ``|x|`` over the ranks: one BF16 maximum per vector in the
+metadata phase), so no partial sum overflows and small gradients keep their bits.
 
 1. **Metadata.** Every rank flags its own top-``k`` blocks by norm
    (:meth:`Sparse.local_metadata`: a 0/1 indicator per block, max-reduced into the *union*
@@ -25,12 +39,12 @@ the sum towards zero (``unbiased = False``).
    ``[1, B]``. The first call, whose local selection happens before the world size is known
    (``local_metadata`` does not receive it), uses ``k = target``; the trim of step 2 keeps it
    within budget.
-4. **Hops.** Selected coordinates travel as BF16; every hop adds in float32 and re-casts to BF16
+4. **Hops.** Selected coordinates travel as BF16 (FP16); every hop adds in float32 and re-casts
    (round to nearest even).
 
-Wire: the chunk's selected coordinates as BF16, in order; the size depends on the call
+Wire: the chunk's selected coordinates as BF16 (FP16), in order; the size depends on the call
 (``variable_size``). Outside a collective (a :class:`HopContext` without ``prepared`` values,
-or none) every block counts as selected: the codec is then a BF16 passthrough.
+or none) every block counts as selected: the codec is then a BF16 (FP16) passthrough.
 """
 
 from __future__ import annotations
@@ -50,8 +64,8 @@ from dynamiq.codecs.base import (
     hop_kernels,
     message_buffer,
 )
-from dynamiq.kernels import Selection
-from dynamiq.metadata import metadata_bits
+from dynamiq.kernels import Selection, Writeback
+from dynamiq.metadata import metadata_bits, round_bf16
 from dynamiq.spec import format_call
 
 __all__ = ["Sparse", "SparsePlan"]
@@ -59,8 +73,14 @@ __all__ = ["Sparse", "SparsePlan"]
 BLOCK = 256
 #: Name of the codec's own metadata (the union of the ranks' top-k blocks).
 MASK_NAME = "sparse.mask"
-#: Bits per selected coordinate on the wire (BF16).
+#: Name of the FP16 wire's metadata (every rank's largest finite magnitude, max-reduced).
+ABSMAX_NAME = "sparse.absmax"
+#: FP16's largest finite value.
+FP16_MAX = 65504.0
+#: Bits per selected coordinate on the wire (BF16 or FP16).
 VALUE_BITS = 16
+#: Wire formats of the selected values.
+WIRES = ("bf16", "fp16")
 
 
 @dataclass
@@ -73,6 +93,8 @@ class SparsePlan:
         k: The per-rank ``k`` this call's selections used.
         target: Blocks the budget allows.
         length: Vector length.
+        scale: The power of two the travelling values are multiplied by (FP16: see the module
+            doc; 1 for BF16).
     """
 
     selected: torch.Tensor
@@ -80,6 +102,7 @@ class SparsePlan:
     k: int
     target: int
     length: int
+    scale: float = 1.0
     _chunks: dict = field(default_factory=dict, repr=False)
 
     def selection(self, offset: int, n: int) -> Selection | None:
@@ -100,25 +123,31 @@ class SparsePlan:
 @CODECS.register("sparse")
 @dataclass(frozen=True)
 class Sparse(PartialSumCodec):
-    """OmniReduce-style block sparsification: a shared set of blocks, summed in BF16.
+    """OmniReduce-style block sparsification: a shared set of blocks, summed in BF16 or FP16.
 
-    Equivalent to ``bf16_sum(x masked to the selected blocks)`` at every hop, with the selection
+    Equivalent to ``cast_sum(x masked to the selected blocks)`` at every hop, with the selection
     fixed for the call (see the module doc).
 
     Args:
-        bits: Budget ``b̄`` in bits per coordinate, metadata included.
-        momentum: Weight of the previous ``k`` in its update, in ``[0, 1)``.
+        bits: Budget ``b̄`` in bits per coordinate, metadata included (without ``keep``).
+        momentum: Weight of the previous ``k`` in its update, in ``[0, 1)`` (without ``keep``).
+        wire: How selected values travel: ``"bf16"`` or ``"fp16"`` (round to nearest even;
+            FP16 saturates to infinity beyond 65504 and loses precision below 6.1e-5).
+        keep: Fraction of its blocks every rank keeps (OmniReduce's block top-k), in
+            ``(0, 1]``; ``None``: the budget ``bits`` decides.
 
     Raises:
-        ValueError: a non-positive or non-finite budget, or a momentum outside ``[0, 1)``.
+        ValueError: a non-positive or non-finite budget, a momentum outside ``[0, 1)``, an
+            unknown wire, a keep fraction outside ``(0, 1]``, or a budget given with ``keep``.
     """
 
     bits: float = 8.0
     momentum: float = 0.8
+    wire: str = "bf16"
+    keep: float | None = None
 
     block_size = BLOCK
     variable_size = True
-    statistics = ("sumsq",)
 
     def __post_init__(self) -> None:
         for name, value in (("bits", self.bits), ("momentum", self.momentum)):
@@ -131,11 +160,33 @@ class Sparse(PartialSumCodec):
                              f"{self.bits!r}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"sparse momentum must be in [0, 1), got {self.momentum!r}")
+        if self.wire not in WIRES:
+            raise ValueError(f"sparse wire must be one of {WIRES}, got {self.wire!r}")
+        if self.keep is not None:
+            k = self.keep
+            if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= 1:
+                raise ValueError(f"sparse keep must be a fraction in (0, 1] or None, got {k!r}")
+            object.__setattr__(self, "keep", float(k))
+            if self.bits != 8.0 or self.momentum != 0.8:
+                raise ValueError("sparse takes a budget (bits, momentum) or a keep fraction, "
+                                 "not both")
+
+    @property
+    def statistics(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The budget trims the union by global energy (``sumsq``); a keep fraction needs
+        none."""
+        return () if self.keep is not None else ("sumsq",)
+
+    @classmethod
+    def examples(cls) -> list[Sparse]:
+        """The budgeted BF16 codec and OmniReduce's paper configuration (FP16, keep)."""
+        return [cls(), cls(wire="fp16", keep=0.3)]
 
     # ---- budget -------------------------------------------------------------------------------
     def metadata_bits(self, length: int) -> int:
-        """The bitmap: 1 bit per block (the energies are the declared ``sumsq`` statistic)."""
-        return -(-length // BLOCK)
+        """The bitmap: 1 bit per block (a budget's energies are the declared ``sumsq``
+        statistic), and FP16's scale: one BF16 maximum per vector."""
+        return -(-length // BLOCK) + (16 if self.wire == "fp16" else 0)
 
     def target_blocks(self, length: int) -> int:
         """Blocks of BF16 values the budget allows for a vector of ``length``.
@@ -163,6 +214,8 @@ class Sparse(PartialSumCodec):
 
     def _k(self, length: int, state: dict) -> int:
         blocks = -(-length // BLOCK)
+        if self.keep is not None:
+            return max(1, min(blocks, math.ceil(self.keep * blocks)))
         k = state.get("k")
         if k is None:
             k = self.target_blocks(length)
@@ -192,7 +245,26 @@ class Sparse(PartialSumCodec):
         state["k_used"] = k  # prepare reads it; every rank (and virtual rank) writes the same
         ind = torch.zeros(e.numel(), dtype=torch.float64)
         ind[self._top(e, k)] = 1.0
-        return {MASK_NAME: (ind, "max")}
+        out = {MASK_NAME: (ind, "max")}
+        if self.wire == "fp16":
+            a = y.detach().abs()
+            top = torch.where(torch.isfinite(a), a, torch.zeros_like(a)).max()
+            out[ABSMAX_NAME] = (round_bf16(top.double().cpu().reshape(1), up=True), "max")
+        return out
+
+    def _scale(self, stats: Mapping[str, torch.Tensor], world_size: int) -> float:
+        """``2**e`` with ``e`` the largest integer such that ``n M 2**e <= 65504``; 1 for BF16
+        or when ``M`` is 0."""
+        top = stats.get(ABSMAX_NAME)
+        if self.wire != "fp16" or top is None:
+            return 1.0
+        m = float(top.max())
+        if not (math.isfinite(m) and m > 0):
+            return 1.0
+        e = math.floor(math.log2(FP16_MAX / (world_size * m)))
+        while world_size * m * 2.0**e > FP16_MAX:  # log2's rounding
+            e -= 1
+        return 2.0 ** max(-126, min(126, e))
 
     @staticmethod
     def _k_star(k: int, union: int, target: int, blocks: int) -> float:
@@ -220,6 +292,14 @@ class Sparse(PartialSumCodec):
             state: Per-tensor state: reads ``k_used``, writes ``k``.
         """
         blocks = -(-length // BLOCK)
+        mask = stats.get(MASK_NAME)
+        union = torch.ones(blocks, dtype=torch.bool) if mask is None else mask.cpu() > 0
+        count = int(union.sum())
+        if self.keep is not None:
+            # OmniReduce's fixed top-k: the union travels whole (a rank's non-finite blocks
+            # count as infinitely large, so they are among its choices and stay visible)
+            k = self._k(length, state)
+            return SparsePlan(union, count, k, count, length, self._scale(stats, world_size))
         target = self.target_blocks(length)
         energy = stats["sumsq"].double().cpu()
         if energy.numel() != blocks:
@@ -227,9 +307,6 @@ class Sparse(PartialSumCodec):
         # a finite input gives a finite energy (the metadata saturates), so these blocks hold
         # a NaN or an Inf on some rank: they always travel, or the value would read as 0
         nonfinite = ~torch.isfinite(energy)
-        mask = stats.get(MASK_NAME)
-        union = torch.ones(blocks, dtype=torch.bool) if mask is None else mask.cpu() > 0
-        count = int(union.sum())
         selected = union | nonfinite
         if int(selected.sum()) > target:
             cand = torch.nonzero(union & ~nonfinite).flatten()
@@ -241,7 +318,7 @@ class Sparse(PartialSumCodec):
         k_star = min(float(blocks), max(1.0, self._k_star(k, count, target, blocks)))
         prev = float(state.get("k", k))
         state["k"] = self.momentum * prev + (1.0 - self.momentum) * k_star
-        return SparsePlan(selected, count, k, target, length)
+        return SparsePlan(selected, count, k, target, length, self._scale(stats, world_size))
 
     # ---- sizes --------------------------------------------------------------------------------
     def _selection(self, n: int, ctx: HopContext | None) -> Selection | None:
@@ -267,25 +344,38 @@ class Sparse(PartialSumCodec):
 
     # ---- hop operations -----------------------------------------------------------------------
     def compress(self, x, ctx, out=None):
-        """BF16 bytes (round to nearest even) of the chunk's selected coordinates."""
+        """BF16 (FP16, scaled) bytes (nearest even) of the chunk's selected coordinates."""
         _check_chunk(x)
         sel = self._selection(x.numel(), ctx)
         out = message_buffer(2 * (x.numel() if sel is None else sel.count), out, x.device)
-        hop_kernels(ctx, x).wire_encode(x, "bf16", out, sel)
+        s = getattr(self.plan_in(ctx), "scale", 1.0)
+        hop_kernels(ctx, x).wire_encode(x if s == 1.0 else x * s, self.wire, out, sel)
         return out
 
-    def decompress(self, data, out, ctx=None):
-        """Decode into the float32 ``out`` ``[n]``: the BF16 values, 0 elsewhere."""
+    def _decode(self, data, out, ctx, accumulate: bool) -> None:
         _check_chunk(out, "output")
-        hop_kernels(ctx, out).wire_decode(data, "bf16", out, False,
-                                          self._selection(out.numel(), ctx))
+        be = hop_kernels(ctx, out)
+        sel = self._selection(out.numel(), ctx)
+        s = getattr(self.plan_in(ctx), "scale", 1.0)
+        if s == 1.0:
+            be.wire_decode(data, self.wire, out, accumulate, sel)
+            return
+        vals = torch.empty_like(out)
+        be.wire_decode(data, self.wire, vals, False, sel)
+        vals.mul_(1.0 / s)  # a power of two: exact
+        if accumulate:
+            out.add_(vals)
+        else:
+            out.copy_(vals)
+
+    def decompress(self, data, out, ctx=None):
+        """Decode into the float32 ``out`` ``[n]``: the BF16 (FP16) values, 0 elsewhere."""
+        self._decode(data, out, ctx, False)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 add per coordinate)."""
-        _check_chunk(acc, "accumulator")
-        hop_kernels(ctx, acc).wire_decode(data, "bf16", acc, True,
-                                          self._selection(acc.numel(), ctx))
+        self._decode(data, acc, ctx, True)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))``; only the selected coordinates are added unless
@@ -294,7 +384,16 @@ class Sparse(PartialSumCodec):
         _check_chunk(acc, "accumulator")
         sel = self._selection(acc.numel(), ctx)
         out = message_buffer(2 * (acc.numel() if sel is None else sel.count), out, acc.device)
-        hop_kernels(ctx, acc).wire_recompress(data, acc, "bf16", wb, out, sel)
+        be = hop_kernels(ctx, acc)
+        s = getattr(self.plan_in(ctx), "scale", 1.0)
+        if s == 1.0:
+            be.wire_recompress(data, acc, self.wire, wb, out, sel)
+            return out
+        # (acc + v / s) * s = acc * s + v exactly: the sum is formed on the scaled values
+        scaled = acc * s
+        be.wire_recompress(data, scaled, self.wire, wb, out, sel)
+        if wb != Writeback.NONE:
+            acc.copy_(scaled.mul_(1.0 / s))
         return out
 
     def spec(self) -> str:

@@ -5,6 +5,8 @@ bytes; *what* a rank sends and does with what it receives is decided here, so al
 give bit-identical results. For each chunk, a rank plays one of the roles of the method
 page's hops (docs/method.rst):
 
+* **own values**: a codec with ``rounds_own`` (THC's levels) rounds every chunk of the rank's
+  own vector once, before the schedule starts;
 * **leaf** (no children in the chunk's tree): compresses its local chunk when it sends;
 * **internal node**: ``decompress_accumulate`` for every incoming partial sum but the last,
   ``decompress_accumulate_recompress`` (fresh scales, same widths) for the last;
@@ -141,7 +143,8 @@ class Plan:
         """Random-number context of ``rank`` compressing ``chunk`` in this call."""
         return HopContext(stream=(self.call, self.stream_chunk(chunk), self.height(chunk, rank)),
                           rank=rank, world_size=self.world_size, index_offset=self.bounds[chunk][0],
-                          stats=self.stats, prepared=self.prepared, backend=self.backend)
+                          stats=self.stats, prepared=self.prepared, backend=self.backend,
+                          summands=self.summands(chunk, rank))
 
     def stream_chunk(self, chunk: int) -> int:
         """The chunk whose random stream ``chunk`` draws from: itself. An executor that cuts
@@ -167,6 +170,22 @@ class Plan:
         if hs is None:
             hs = cache[chunk] = self.schedule.heights(chunk)
         return hs[rank]
+
+    def summands(self, chunk: int, rank: int) -> int:
+        """Contributions in what ``rank`` sends (or, as the owner, holds) of ``chunk``: its
+        subtree size in the chunk's tree."""
+        cache = self.__dict__.setdefault("_sizes", {})
+        sizes = cache.get(chunk)
+        if sizes is None:
+            parents = self.schedule.parents[chunk]
+            h = self.schedule.heights(chunk)
+            sizes = [1] * self.world_size
+            for r in sorted(range(self.world_size), key=h.__getitem__):  # children first
+                p = parents[r]
+                if p >= 0 and p != r:
+                    sizes[p] += sizes[r]
+            cache[chunk] = sizes
+        return sizes[rank]
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
         """Codec of ``rank``'s reduce send of ``chunk`` (the main codec for the owner)."""
@@ -201,6 +220,12 @@ class RankState:
         self.final: dict[int, torch.Tensor] = {}
         self.bytes_sent = 0
         self._buffers = {} if buffers is None else buffers
+        for c in range(sched.num_chunks):
+            # a codec that rounds a rank's own values once (THC's levels) does it here, while
+            # they are still alone: no hop could round them out of a partial sum
+            codec = plan.outgoing_codec(rank, c)
+            if codec.rounds_own and plan.size(c) > 0:
+                codec.round_own(self._view(c), plan.context(rank, c))
 
     def _buffer(self, chunk: int, codec: PartialSumCodec) -> torch.Tensor:
         size = codec.wire_bytes(self.plan.size(chunk), self.plan.context(self.rank, chunk))

@@ -149,8 +149,9 @@ def simulate(
     metas = [local_metadata(p, y, states, backend) for y in ys]
     plan.set_metadata(combine([m for m, _ in metas], metas[0][1]), states)
     ys = [center_and_prepare(plan, y) for y in ys]
-    ranks = [RankState(plan, r, ys[r]) for r in range(n)]
+    # the shadow sums start from the ranks' own values before any codec rounds them
     shadow = [y.double() for y in ys] if track_hops else []
+    ranks = [RankState(plan, r, ys[r]) for r in range(n)]
     hop = []
     sched = plan.schedule
     for step in range(sched.steps()):

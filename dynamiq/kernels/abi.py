@@ -12,12 +12,14 @@ Records:
   divisor, dither amplitude) and its payload layout;
 * :class:`RandKeys` — the random-number keys and position of one encode/decode;
 * :class:`SharedScaleCode` — a shared-scale minifloat element format as the kernels see it;
-* :class:`Selection` — which blocks of a chunk travel (sparse wire values).
+* :class:`Selection` — which blocks of a chunk travel (sparse wire values);
+* :class:`LevelGrid` — THC's level table on a fine integer grid (integer-sum leaf rounding).
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -41,6 +43,7 @@ __all__ = [
     "WIRE_DTYPES",
     "BlockCode",
     "KernelSpec",
+    "LevelGrid",
     "Purpose",
     "RandKeys",
     "Rounding",
@@ -101,6 +104,7 @@ class Purpose(enum.IntEnum):
     SCALE = 0x5343414C
     PERMUTATION = 0x5045524D
     INTSUM = 0x494E5453
+    LEVELS = 0x4C45564C
 
 
 #: Scale kinds: a table format, or raw FP32 bits.
@@ -116,7 +120,8 @@ TILE = 1024
 TILE_INTERPRETED = 4096
 
 #: Wire formats of uncompressed values → (torch dtype, bytes per value).
-WIRE_DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}
+WIRE_DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2),
+               "fp16": (torch.float16, 2)}
 
 #: Block reductions of the metadata phase that backends provide (in float64): sums, sums of
 #: squares, largest magnitudes and sums of squares about the block's mean (zero padding included).
@@ -307,3 +312,41 @@ class Selection:
     def count(self) -> int:
         """Number of travelling coordinates."""
         return int(self.index().numel())
+
+
+@dataclass(frozen=True, eq=False)
+class LevelGrid:
+    """Levels on a fine integer grid, as the integer-sum leaf rounding sees them.
+
+    A rank's value ``v`` is clamped to ``[-g/2, g/2]`` steps and rounded stochastically to one
+    of its two neighbouring levels; level ``c`` (an integer in ``[0, g]``) decodes to
+    ``(c - g/2) * step``.
+
+    Attributes:
+        levels: The levels, ascending integers from 0 to ``granularity``.
+        granularity: ``g``, the number of grid steps across the clamp range.
+        lower: int32 ``[g]``: the largest level ``<= j`` for every grid cell ``[j, j + 1)``.
+        upper: int32 ``[g]``: the smallest level ``>= j + 1``.
+        derived: Per-backend forms of the tables (e.g. on a device), cached under keys of
+            the backends' own.
+    """
+
+    levels: tuple[int, ...]
+    granularity: int = field(init=False)
+    lower: np.ndarray = field(init=False, repr=False)
+    upper: np.ndarray = field(init=False, repr=False)
+    derived: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        lv = tuple(int(c) for c in self.levels)
+        g = lv[-1] if lv else 0
+        if len(lv) < 2 or lv[0] != 0 or any(b <= a for a, b in itertools.pairwise(lv)):
+            raise ValueError(f"levels must ascend strictly from 0, got {self.levels!r}")
+        cells = np.arange(g)
+        at = np.asarray(lv)
+        lower = at[np.searchsorted(at, cells, side="right") - 1]
+        upper = at[np.searchsorted(at, cells + 1, side="left")]
+        object.__setattr__(self, "levels", lv)
+        object.__setattr__(self, "granularity", g)
+        object.__setattr__(self, "lower", lower.astype(np.int32))
+        object.__setattr__(self, "upper", upper.astype(np.int32))

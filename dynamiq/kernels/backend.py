@@ -35,6 +35,7 @@ from dynamiq.kernels.abi import (
     STAT_OPS,
     WIRE_DTYPES,
     BlockCode,
+    LevelGrid,
     RandKeys,
     Selection,
     SharedScaleCode,
@@ -108,20 +109,29 @@ class Backend:
 
     # ---- integer sums (LSB-first bit stream of bits-bit offset-binary codes) ------------------
     def intsum_encode(self, x: torch.Tensor, step: float, bits: int, key: tuple[int, int],
-                      offset: int, out: torch.Tensor) -> None:
-        """Codes of the stochastic rounding of ``x / step`` to integers (uniforms keyed by
-        ``key`` at global index ``offset + i``)."""
+                      offset: int, out: torch.Tensor, shift: float = 0.0) -> None:
+        """Codes of the stochastic rounding of ``x / step + shift`` to integers (uniforms keyed
+        by ``key`` at global index ``offset + i``)."""
         raise self._missing("integer-sum")
 
     def intsum_decode(self, data: torch.Tensor, step: float, bits: int, out: torch.Tensor,
-                      accumulate: bool) -> None:
-        """``out (=|+=) float32(w) * step`` (code 0 is NaN)."""
+                      accumulate: bool, shift: float = 0.0) -> None:
+        """``out (=|+=) (float32(w) - shift) * step`` (code 0 is NaN)."""
         raise self._missing("integer-sum")
 
     def intsum_recompress(self, data: torch.Tensor, acc: torch.Tensor, step: float, bits: int,
                           key: tuple[int, int], offset: int, writeback: Writeback,
-                          out: torch.Tensor) -> None:
-        """Codes of ``acc + decode(data)`` in one pass."""
+                          out: torch.Tensor, shift_in: float = 0.0, shift_out: float = 0.0
+                          ) -> None:
+        """Codes (``shift_out``) of ``acc + decode(data)`` (``shift_in``), in one pass."""
+        raise self._missing("integer-sum")
+
+    def intsum_round(self, x: torch.Tensor, step: float, grid: LevelGrid, key: tuple[int, int],
+                     offset: int, out: torch.Tensor) -> None:
+        """THC's rounding of one rank's values onto ``grid``'s levels: ``out`` ← ``(c - g/2) *
+        step`` with ``c`` the stochastic rounding of ``clamp(x / step + g/2, 0, g)`` between its
+        two neighbouring levels (uniforms keyed by ``key`` at global index ``offset + i``); NaN
+        for a non-finite ``x``. ``out`` may be ``x``."""
         raise self._missing("integer-sum")
 
     # ---- wire values (torch: shared by the CPU backends) -------------------------------------

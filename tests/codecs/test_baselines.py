@@ -2,9 +2,10 @@
 
 * ``shared_scale`` (MXFP8/6/4, NVFP4): round-to-nearest-even onto a shared per-block grid,
   saturation, the auto-scale factor;
-* ``intsum`` (THC): integer partial sums are exact along any tree, the result is unbiased;
+* ``intsum`` (THC, max-scaled grid): integer partial sums are exact along any tree, the result
+  is unbiased (THC's clamped grid: tests/codecs/test_thc.py);
 * ``sparse`` (OmniReduce): the budget holds, selected blocks are summed, the rest is dropped,
-  ``k`` adapts;
+  ``k`` adapts; the paper's configuration sends FP16 and its bits follow its keep fraction;
 * every registered baseline pipeline on ring and butterfly, and one gloo world showing that
   ``dynamiq.all_reduce`` equals :func:`dynamiq.simulate` bit for bit over successive calls.
 
@@ -76,7 +77,8 @@ CODEC_SAMPLES = [
     SharedScale(), SharedScale("e3m2"), SharedScale("e2m1"), SharedScale("e2m1", 16, "e4m3"),
     SharedScale("e5m2", 16, "e8m0"),
     IntSum(), IntSum(levels=7, headroom_bits=12, seed=3),
-    Sparse(), Sparse(bits=4, momentum=0.5),
+    IntSum(levels=16, clamp="auto", first=True), IntSum(levels=16, clamp=2.5, granularity=30),
+    Sparse(), Sparse(bits=4, momentum=0.5), Sparse(wire="fp16", keep=0.25),
 ]
 
 
@@ -98,6 +100,9 @@ def test_codec_spec_round_trip(codec):
         ("intsum(levels=15,seed=0)", IntSum()),
         ("sparse(bits=8)", Sparse()),
         ("sparse(bits=4.5,momentum=0)", Sparse(4.5, 0.0)),
+        ("sparse(wire=fp16,keep=0.25)", Sparse(wire="fp16", keep=0.25)),
+        ("intsum(levels=16,clamp=auto,first=true)", IntSum(levels=16, clamp="auto", first=True)),
+        ("intsum(levels=16,clamp=2,granularity=30)", IntSum(levels=16, clamp=2.0, granularity=30)),
     ],
 )
 def test_specs_parse_to_codecs(spec, codec):
@@ -118,9 +123,24 @@ def test_specs_parse_to_codecs(spec, codec):
         ("intsum(headroom_bits=30)", r"\[2, 24\]"),
         ("intsum(headroom_bits=x)", "must be an integer"),
         ("intsum(seed=-1)", "non-negative"),
+        ("intsum(clamp=0)", "positive number of standard deviations"),
+        ("intsum(clamp=-2)", "positive number of standard deviations"),
+        ("intsum(clamp=nan)", "positive number of standard deviations"),
+        ("intsum(clamp=wide)", "positive number of standard deviations"),
+        ("intsum(granularity=30)", "needs a clamp"),
+        ("intsum(levels=16,clamp=auto,granularity=10)", r"granularity must be .*\[levels - 1"),
+        ("intsum(levels=16,clamp=auto,granularity=4096)", "granularity must be"),
+        ("intsum(levels=1,clamp=auto)", r"levels must be an integer in \[2"),
+        ("intsum(block=100)", "power of two"),
+        ("intsum(block=128)", "power of two"),
+        ("intsum(levels=16,clamp=auto,granularity=30,headroom_bits=4)", "cannot hold one rank"),
         ("sparse(bits=0)", r"\(0, 64\]"),
         ("sparse(bits=nan)", "finite"),
         ("sparse(momentum=1)", r"\[0, 1\)"),
+        ("sparse(wire=fp8)", "wire must be one of"),
+        ("sparse(keep=0)", r"fraction in \(0, 1\]"),
+        ("sparse(keep=1.5)", r"fraction in \(0, 1\]"),
+        ("sparse(bits=4,keep=0.5)", "not both"),
     ],
 )
 def test_bad_codec_parameters(spec, match):
@@ -155,16 +175,22 @@ def test_registered_pipeline_strings():
     assert str(PIPELINES["mxfp6"]) == "shared_scale(element=e3m2)@ring"
     assert str(PIPELINES["mxfp4"]) == "shared_scale(element=e2m1)@ring"
     assert str(PIPELINES["nvfp4"]) == "shared_scale(element=e2m1,block=16,scale=e4m3)@ring"
-    assert str(PIPELINES["thc"]) == "rht(block_size=65536)+intsum@ring"
+    assert str(PIPELINES["thc"]) == ("rht(block_size=65536)+intsum(levels=16,clamp=auto,"
+                                     "first=True)@ring")
+    assert str(PIPELINES["thc-maxscale"]) == "rht(block_size=65536)+intsum@ring"
     assert str(PIPELINES["omnireduce-butterfly"]) == "sparse@butterfly"
+    assert str(PIPELINES["omnireduce-paper"]) == "sparse(wire=fp16,keep=0.25)@ring"
     assert not IntSum().lossless and IntSum().unbiased
+    assert not PIPELINES["thc"].codec.unbiased  # the clamp
     assert not SharedScale().unbiased and not Sparse().unbiased
 
 
 # ================================================================ the hop operations, prepared
 # (tests/codecs/test_registered_codecs.py checks them outside a collective, where no plan exists)
 PREPARED = [SharedScale(), SharedScale("e3m2"), SharedScale("e2m1", 16, "e4m3"), IntSum(),
-            Sparse(4.0)]
+            IntSum(levels=16, clamp="auto", first=True, block=256),
+            IntSum(levels=16, clamp="auto", granularity=30, block=512),
+            Sparse(4.0), Sparse(wire="fp16", keep=0.25)]
 
 
 def _prepared_ctx(codec, rank: int) -> HopContext:
@@ -376,8 +402,8 @@ def test_intsum_is_unbiased(n, topology):
     codec = IntSum()
     errs, bounds = [], []
     for call in range(k_calls):
-        res = simulate(f"thc{'-butterfly' if topology == 'butterfly' else ''}", x, call=call,
-                       track_hops=False)
+        res = simulate(f"thc-maxscale{'-butterfly' if topology == 'butterfly' else ''}", x,
+                       call=call, track_hops=False)
         errs.append(res.results[0].double() - exact)
         step = grid_step(float(res.stats["absmax"].max()), codec.half_levels,
                          codec.bits_for(n))
@@ -402,7 +428,7 @@ def test_intsum_wire_bytes_follow_the_world_size():
     for n, bits in ((2, 5), (4, 6), (8, 7), (16, 8), (18, 8), (19, 9)):
         assert codec.bits_for(n) == bits == math.ceil(math.log2(14 * n + 1))
     x = _inputs(4)
-    res = simulate("thc", x, track_hops=False)
+    res = simulate("thc-maxscale", x, track_hops=False)
     # rht pads 5000 to one block of 65536; 6 bits each, plus the 256-block maxima
     assert res.bits == pytest.approx((6 * 65536 + 16 * 256) / D, abs=1e-12)
     assert codec.variable_size and not IntSum(headroom_bits=8).variable_size
@@ -498,17 +524,71 @@ def test_sparse_k_adapts_with_momentum():
     print(f"sparse k: {ks}, union: {unions}, target {target}")
 
 
+def test_omnireduce_paper_sends_fp16_and_its_bits_follow_the_keep_fraction():
+    n = 4
+    x = _inputs(n, seed=12, shared_scales=False)
+    p = get_pipeline("omnireduce-paper")
+    codec = p.codec
+    assert codec.wire == "fp16" and codec.keep == 0.25 and codec.statistics == ()
+    res = simulate(p, x)
+    plan, _ = _plan(p, x)
+    sp = plan.prepared[codec]
+    blocks = -(-D // 256)
+    k = math.ceil(0.25 * blocks)
+    # every rank's own top quarter of blocks by norm, and their union travels whole
+    energy = (torch.nn.functional.pad(x.double(), (0, blocks * 256 - D))
+              .view(n, blocks, 256) ** 2).sum(2)
+    union = torch.zeros(blocks, dtype=torch.bool)
+    for r in range(n):
+        union[torch.sort(-energy[r], stable=True).indices[:k]] = True
+    assert sp.k == k and torch.equal(sp.selected, union)
+    assert k <= int(union.sum()) <= min(blocks, n * k)
+    # bits: 16 per travelling coordinate, the 1-bit-per-block bitmap and the 16-bit maximum
+    # of FP16's scale, nothing else
+    sel = union.repeat_interleave(256)[:D]
+    assert res.bits == pytest.approx((16 * int(sel.sum()) + blocks + 16) / D, abs=1e-12)
+    assert res.bits <= 16 * min(1.0, n * 0.25) + (blocks + 16) / D
+    # the scale: the power of two that puts n times the largest magnitude just below 65504
+    s = sp.scale
+    top = float(plan.stats["sparse.absmax"][0])
+    assert top >= float(x.abs().max()) and n * top * s <= 65504 < 2 * n * top * s
+    # the wire holds FP16 values: a leaf's message is its selected coordinates, scaled, in FP16
+    a, b = plan.bounds[0]
+    msg = codec.compress(x[1, a:b].contiguous(), plan.context(1, 0))
+    want = (x[1, a:b][sel[a:b]] * s).half()
+    assert torch.equal(msg.view(torch.int16), want.view(torch.int16))
+    # every rank ends with (scaled) FP16 values on the travelling blocks (BF16 would keep 8
+    # bits only), and exact zeros elsewhere
+    out = res.results[0]
+    assert torch.equal((out[sel] * s).half().float(), out[sel] * s)
+    assert not torch.equal((out[sel] * s).bfloat16().float(), out[sel] * s)
+    assert torch.all(out[~sel] == 0)
+    exact = x.double().sum(0)
+    # n roundings to FP16, each within 2**-11 of a partial sum (2**-25 / s below FP16's normals)
+    bound = n * (2.0**-11 * x.double().abs().sum(0) + 2.0**-25 / s)
+    assert torch.all((out[sel].double() - exact[sel]).abs() <= bound[sel])
+
+
+def test_fp16_wire_saturates_to_infinity_and_keeps_nan():
+    codec = Sparse(wire="fp16", keep=1.0)
+    x = torch.tensor([1e5, -7e4, 65504.0, 2.9e-8, float("nan"), 1.0] + [0.0] * 250)
+    y = torch.empty_like(x)
+    codec.decompress(codec.compress(x, HopContext()), y, HopContext())
+    assert y[0].item() == math.inf and y[1].item() == -math.inf and y[2].item() == 65504.0
+    assert y[3].item() == 0.0 and math.isnan(y[4].item()) and y[5].item() == 1.0
+
+
 # ================================================================ every baseline pipeline
 # loose sanity bounds on the first call's vNMSE for the test data (4 ranks, block scales
 # spread over ~3 decades); measured values are printed
 VNMSE_BOUND = {"bf16": 1e-4, "mxfp8": 5e-3, "mxfp6": 2e-2, "mxfp4": 0.2, "nvfp4": 0.1,
-               "thc": 1.0, "omnireduce": 0.05}
+               "thc": 0.1, "thc-maxscale": 1.0, "omnireduce": 0.05, "omnireduce-paper": 0.05}
 
 
 def _nominal_bits(name: str) -> float:
     return {"bf16": 16.0, "mxfp8": 8 + 16 * 157 / D, "mxfp6": 6 + 16 * 157 / D,
             "mxfp4": 4 + 16 * 157 / D, "nvfp4": 4 + 16 * 313 / D,
-            "thc": (6 * 65536 + 16 * 256) / D, "omnireduce": 8.0}[name]
+            "thc": (6 * 65536 + 16 + 32) / D, "thc-maxscale": (6 * 65536 + 16 * 256) / D}[name]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -525,6 +605,8 @@ def test_baseline_pipeline_sanity(name):
     assert res.vnmse < VNMSE_BOUND[base]
     if base == "omnireduce":
         assert 6.0 < res.bits <= 8.0
+    elif base == "omnireduce-paper":  # the union of the ranks' top quarters: 4 to 16 bits
+        assert 16 * 0.25 < res.bits <= 16 + 36 / D
     else:
         assert res.bits == pytest.approx(_nominal_bits(base), abs=1e-9)
     print(f"{name:22s} vNMSE {res.vnmse:.3e}  bits {res.bits:.4f}  {seconds * 1e3:.1f} ms")
@@ -532,7 +614,8 @@ def test_baseline_pipeline_sanity(name):
 
 # the region a non-finite input poisons: its shared-scale block (the block maximum is not
 # finite), its Hadamard block (the rotation mixes it), or the coordinate alone (BF16 sums)
-POISONED = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16, "thc": 1 << 16, "omnireduce": 1}
+POISONED = {"mxfp8": 32, "mxfp4": 32, "nvfp4": 16, "thc": 1 << 16, "thc-maxscale": 1 << 16,
+            "omnireduce": 1, "omnireduce-paper": 1}
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
@@ -546,8 +629,8 @@ def test_non_finite_input_stays_visible_in_its_block(name, value):
     want[300 // b * b: 300 // b * b + b] = True
     for r in range(4):
         assert torch.equal(~torch.isfinite(res.results[r]), want), r
-        # coded values turn NaN; BF16 sums keep an infinity as it is
-        if name == "omnireduce" and math.isinf(value):
+        # coded values turn NaN; BF16 and FP16 sums keep an infinity as it is
+        if name.startswith("omnireduce") and math.isinf(value):
             assert res.results[r][300].item() == value
         else:
             assert torch.isnan(res.results[r][300])
@@ -555,7 +638,7 @@ def test_non_finite_input_stays_visible_in_its_block(name, value):
 
 # ================================================================ gloo: all_reduce == simulate
 GLOO_N = 3  # a ring of uneven chunks
-GLOO_PIPES = ("mxfp8", "omnireduce", "thc", "nvfp4")
+GLOO_PIPES = ("mxfp8", "omnireduce", "thc", "nvfp4", "omnireduce-paper")
 GLOO_D = 5000
 GLOO_TILE = 512
 
@@ -598,7 +681,7 @@ def test_all_reduce_equals_simulate_over_successive_calls(name):
         if call == 0 and isinstance(codec, SharedScale):
             # the auto-scale factor moved, so call 1 ran with a state that call 0 produced
             assert state[codec]["mu"] != initial_mu(GLOO_N)
-        if call == 0 and isinstance(codec, Sparse):
+        if call == 0 and isinstance(codec, Sparse) and codec.keep is None:
             assert state[codec]["k"] != state[codec]["k_used"]
     sim = simulate(name, x, call=7, track_hops=False)  # fresh state, as a new tiling has
     for r in range(GLOO_N):

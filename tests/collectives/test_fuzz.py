@@ -110,7 +110,9 @@ def _relative_error(y: torch.Tensor, x: torch.Tensor) -> float:
 
 
 def _budgets(name: str) -> list[float]:
-    return [c.bits for c in get_pipeline(name).codecs if isinstance(c, (DynamiQ, Sparse))]
+    # a Sparse with a fixed keep fraction (omnireduce-paper) has no budget
+    return [c.bits for c in get_pipeline(name).codecs
+            if isinstance(c, DynamiQ) or (isinstance(c, Sparse) and c.keep is None)]
 
 
 def check_case(case: Case) -> list[str]:

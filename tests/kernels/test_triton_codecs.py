@@ -17,6 +17,7 @@ float32 results through ``view(int32)`` (signed zeros and NaN payloads count).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -152,6 +153,27 @@ def test_intsum_steps_and_small_tiles(small_tiles):
         _check_intsum(5, step, 8)
 
 
+@pytest.mark.parametrize("g", [15, 30])
+def test_thc_grid_hops_level_rounding_and_small_tiles(small_tiles, g):
+    # THC's clamped grid: a step per block of 256 (one of them poisoned), shifted codes on the
+    # odd grid, the final messages' exact first coordinates, and the rounding onto the levels
+    codec = IntSum(levels=16, clamp="auto", granularity=g, block=256, first=True)
+    n, offset = 3 * 256 + 77, 256
+    steps = (0.5, 2.0**-7, 3.0e-3, float("nan"), 1.5e20)
+    plan = IntSumPlan(float("nan"), 9, float("nan"), steps=steps, fine=g, block=256,
+                      first=torch.tensor([1.0, -2.5, 3.25, 7.0, 0.5]))
+    ctx = _plan_context(codec, plan, offset)
+    check_hops(codec, ctx, _plan_context(codec, plan, offset, 0), n, f"thc g={g}")
+    final = dataclasses.replace(ctx, summands=4, source=dataclasses.replace(ctx, summands=4))
+    check_hops(codec, final, dataclasses.replace(final, rank=0), n, f"thc g={g} final")
+    x = vector(n, 5)
+    want = x.clone()
+    codec.round_own(want, dataclasses.replace(ctx, backend="numba"))
+    got = x.clone()
+    codec.round_own(got, dataclasses.replace(ctx, backend="triton"))
+    assert_same(got, want, f"thc g={g} round_own")
+
+
 @pytest.mark.parametrize("pattern", ["1011", "0110", "0000", "1111", "1"])
 def test_sparse_selections_and_small_tiles(small_tiles, pattern):
     codec = Sparse()
@@ -161,6 +183,20 @@ def test_sparse_selections_and_small_tiles(small_tiles, pattern):
     plan = SparsePlan(selected, int(selected.sum()), 1, 1, 256 + n)
     check_hops(codec, _plan_context(codec, plan, 256), _plan_context(codec, plan, 256, 0), n,
                f"sparse {pattern}")
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**12])
+def test_sparse_fp16_selections_scales_and_small_tiles(small_tiles, scale):
+    # FP16 values under the scale that emulates loss scaling: subnormals, saturation to Inf
+    codec = Sparse(wire="fp16", keep=0.5)
+    n = 3 * 256 + 77
+    selected = torch.tensor([False, True, False, True, True])
+    plan = SparsePlan(selected, 3, 1, 3, 256 + n, scale)
+    check_hops(codec, _plan_context(codec, plan, 256), _plan_context(codec, plan, 256, 0), n,
+               f"sparse fp16 scale={scale}")
+    x = torch.tensor([7e4, -1e5, 3e-8, 1e-6, float("nan"), -0.0] + [1.0] * 250)
+    ct, cn = HopContext(backend="triton"), HopContext()
+    assert_same(codec.compress(x, ct), codec.compress(x, cn), "fp16 saturation and NaN bytes")
 
 
 @pytest.mark.parametrize("choice", [[2, 0, 1, 0, 2], [0, 3, 3, 1, 0], [3, 2, 1, 0, 0], [1]])
@@ -448,8 +484,10 @@ _COMPILE = textwrap.dedent("""
                  fconst=F), {**c, "ACCUMULATE": True})
         compile_(ki.intsum_recompress_kernel, dict(data=U8, acc=F, n="i64", nbytes="i64",
                  out=U8, fconst=F, rand=I64), {**c, "WRITEBACK": 2})
-    for bf16, wire in ((True, "*i16"), (False, F)):
-        c = dict(BF16=bf16, SELECT=True, SB=256, TILE=1024)
+    compile_(ki.intsum_round_kernel, dict(x=F, n="i64", out=F, lower="*i32", upper="*i32",
+             g="i32", fconst=F, rand=I64), dict(TILE=1024))
+    for fmt, wire in ((1, "*i16"), (2, "*i16"), (0, F)):
+        c = dict(FMT=fmt, SELECT=True, SB=256, TILE=1024)
         compile_(kw.wire_encode_kernel, dict(x=F, n="i64", wire=wire, bpos=I64, nan16="i32"), c)
         compile_(kw.wire_decode_kernel, dict(wire=wire, n="i64", out=F, bpos=I64),
                  {**c, "ACCUMULATE": True})

@@ -62,14 +62,19 @@ class NumbaBackend(Backend):
     def shared_recompress(self, code, data, acc, scales, block, writeback, out):
         _mod("shared_scale").recompress(code, data, acc, scales, block, writeback, out)
 
-    def intsum_encode(self, x, step, bits, key, offset, out):
-        _mod("intsum").encode(x, step, bits, key, offset, out)
+    def intsum_encode(self, x, step, bits, key, offset, out, shift=0.0):
+        _mod("intsum").encode(x, step, bits, key, offset, out, shift)
 
-    def intsum_decode(self, data, step, bits, out, accumulate):
-        _mod("intsum").decode(data, step, bits, out, accumulate)
+    def intsum_decode(self, data, step, bits, out, accumulate, shift=0.0):
+        _mod("intsum").decode(data, step, bits, out, accumulate, shift)
 
-    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out):
-        _mod("intsum").recompress(data, acc, step, bits, key, offset, writeback, out)
+    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out,
+                          shift_in=0.0, shift_out=0.0):
+        _mod("intsum").recompress(data, acc, step, bits, key, offset, writeback, out, shift_in,
+                                  shift_out)
+
+    def intsum_round(self, x, step, grid, key, offset, out):
+        _mod("intsum").round_levels(x, step, grid, key, offset, out)
 
     def rht_forward(self, x, out, block, key, norm):
         _mod("hadamard").rht_forward(x.numpy(), out.numpy(), block, key[0], key[1], norm)

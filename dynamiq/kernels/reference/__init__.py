@@ -65,17 +65,21 @@ class ReferenceBackend(Backend):
         _put(out, sent)
         _put(acc, kept)
 
-    def intsum_encode(self, x, step, bits, key, offset, out):
-        _put(out, intsum.encode(x.numpy(), step, bits, key, offset))
+    def intsum_encode(self, x, step, bits, key, offset, out, shift=0.0):
+        _put(out, intsum.encode(x.numpy(), step, bits, key, offset, shift))
 
-    def intsum_decode(self, data, step, bits, out, accumulate):
-        _put(out, intsum.decode(data.numpy(), step, bits, out.numpy(), accumulate))
+    def intsum_decode(self, data, step, bits, out, accumulate, shift=0.0):
+        _put(out, intsum.decode(data.numpy(), step, bits, out.numpy(), accumulate, shift))
 
-    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out):
+    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out,
+                          shift_in=0.0, shift_out=0.0):
         sent, kept = intsum.recompress(data.numpy(), acc.numpy(), step, bits, key, offset,
-                                       writeback)
+                                       writeback, shift_in, shift_out)
         _put(out, sent)
         _put(acc, kept)
+
+    def intsum_round(self, x, step, grid, key, offset, out):
+        _put(out, intsum.round_levels(x.numpy(), step, grid, key, offset))
 
     def rht_forward(self, x, out, block, key, norm):
         _put(out, hadamard.rht_forward(x.numpy(), block, key, norm))

@@ -91,14 +91,19 @@ class TritonBackend(Backend):
         m.shared_recompress(data, acc, scales, block, code.mbits, m.tables_of(code, acc.device),
                             out, writeback)
 
-    def intsum_encode(self, x, step, bits, key, offset, out):
-        _mod("intsum").intsum_encode(x, step, bits, key, offset, out)
+    def intsum_encode(self, x, step, bits, key, offset, out, shift=0.0):
+        _mod("intsum").intsum_encode(x, step, bits, key, offset, out, shift)
 
-    def intsum_decode(self, data, step, bits, out, accumulate):
-        _mod("intsum").intsum_decode(data, step, bits, out, accumulate)
+    def intsum_decode(self, data, step, bits, out, accumulate, shift=0.0):
+        _mod("intsum").intsum_decode(data, step, bits, out, accumulate, shift)
 
-    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out):
-        _mod("intsum").intsum_recompress(data, acc, step, bits, key, offset, out, writeback)
+    def intsum_recompress(self, data, acc, step, bits, key, offset, writeback, out,
+                          shift_in=0.0, shift_out=0.0):
+        _mod("intsum").intsum_recompress(data, acc, step, bits, key, offset, out, writeback,
+                                         shift_in, shift_out)
+
+    def intsum_round(self, x, step, grid, key, offset, out):
+        _mod("intsum").intsum_round(x, step, grid, key, offset, out)
 
     @staticmethod
     def _positions(select, device: torch.device):

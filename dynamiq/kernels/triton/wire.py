@@ -19,40 +19,59 @@ from dynamiq.kernels.triton.common import (
 )
 from dynamiq.kernels.triton.jit import wire as kern
 
-__all__ = ["bf16_nan_pattern", "block_positions", "gather_rows", "scatter_rows",
+__all__ = ["bf16_nan_pattern", "block_positions", "gather_rows", "nan_pattern", "scatter_rows",
            "wire_decode", "wire_encode", "wire_recompress"]
 
 #: Rows per program of the row permutation (rows of 256 coordinates).
 ROWS = 4
 ROWS_INTERPRETED = 64
 
-_nan16: dict[str, int] = {}
+_nan16: dict[tuple[str, str], int] = {}
 
 
 # ---- wire values --------------------------------------------------------------------------------
-_WIRES = {"fp32": (torch.float32, 4), "bf16": (torch.int16, 2)}
+_WIRES = {"fp32": (torch.float32, 4), "bf16": (torch.int16, 2), "fp16": (torch.int16, 2)}
+#: The kernels' ``FMT`` of every wire format.
+_FMT = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
-def bf16_nan_pattern(device: torch.device) -> int:
-    """The BF16 bits torch writes for a float32 NaN on ``device``: a constant, or ``-1`` when it
-    keeps the NaN's top half (quietened). Probed once per device type."""
-    key = str(torch.device(device).type)
+def _keep_rule(bits: np.ndarray, wire: str) -> np.ndarray:
+    """The 16 bits a NaN keeps under "payload kept, quietened" for ``wire``."""
+    if wire == "bf16":
+        return ((bits >> 16) | 0x40).astype(np.int64)
+    return (((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)).astype(np.int64)
+
+
+def nan_pattern(device: torch.device, wire: str) -> int:
+    """The 16 bits torch writes for a float32 NaN converted to ``wire`` (``"bf16"`` or
+    ``"fp16"``) on ``device``: a constant, or ``-1`` when it keeps the NaN's sign and top
+    payload bits (quietened). Probed once per device type and format."""
+    key = (str(torch.device(device).type), wire)
     hit = _nan16.get(key)
     if hit is None:
         bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFBFFFFF, 0x7FFFFFFF,
                          0x7FA50000, 0xFFD40000, 0x7F81FFFF] * 4, dtype=np.uint32)
         x = torch.from_numpy(bits.view(np.float32)).to(device)
-        got = (x.to(torch.bfloat16).view(torch.int16).cpu().numpy().astype(np.int64) & 0xFFFF)
-        keep = ((bits >> 16) | 0x40).astype(np.int64)
+        dtype = torch.bfloat16 if wire == "bf16" else torch.float16
+        got = x.to(dtype).view(torch.int16).cpu().numpy().astype(np.int64) & 0xFFFF
         if (got == got[0]).all():
             hit = int(got[0])
-        elif (got == keep).all():
+        elif (got == _keep_rule(bits, wire)).all():
             hit = -1
         else:
-            raise RuntimeError(f"torch's float32 -> bfloat16 NaN conversion on {device} follows "
+            raise RuntimeError(f"torch's float32 -> {wire} NaN conversion on {device} follows "
                                f"no known rule: {[hex(v) for v in got]}")
         _nan16[key] = hit
     return hit
+
+
+def bf16_nan_pattern(device: torch.device) -> int:
+    """:func:`nan_pattern` of BF16."""
+    return nan_pattern(device, "bf16")
+
+
+def _nan_arg(device: torch.device, wire: str) -> int:
+    return 0 if wire == "fp32" else nan_pattern(device, wire)
 
 
 def _wire_view(buf: torch.Tensor, count: int, wire: str, device: torch.device, name: str
@@ -102,15 +121,17 @@ def block_positions(selected: torch.Tensor, n: int, block: int, device: torch.de
 
 def wire_encode(x: torch.Tensor, wire: str, out: torch.Tensor | None = None,
                 select: tuple[torch.Tensor, int] | None = None, block: int = 256) -> torch.Tensor:
-    """``wire``-format (``"fp32"`` / ``"bf16"``) bytes of the travelling coordinates of ``x``.
+    """``wire``-format (``"fp32"`` / ``"bf16"`` / ``"fp16"``) bytes of the travelling
+    coordinates of ``x``.
 
     Equivalent to ``out.view(dtype).copy_(x[idx])`` (torch's conversion, round to nearest even;
     NaN as torch writes it on ``x``'s device).
 
     Args:
         x: float32 ``[n]``.
-        wire: ``"fp32"`` or ``"bf16"``.
-        out: Optional uint8 buffer of the travelling count times 4 (fp32) or 2 (bf16) bytes.
+        wire: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        out: Optional uint8 buffer of the travelling count times 4 (fp32) or 2 (bf16, fp16)
+            bytes.
         select: ``None`` (every coordinate travels) or what :func:`block_positions` returns.
         block: Coordinates per selection block.
     """
@@ -124,7 +145,7 @@ def wire_encode(x: torch.Tensor, wire: str, out: torch.Tensor | None = None,
     if n:
         tile = tile_for(n)
         launch(kern.wire_encode_kernel, grid_for(n, tile), x.device, x, n, w, bpos,
-                bf16_nan_pattern(x.device), BF16=wire == "bf16", SELECT=select is not None,
+                _nan_arg(x.device, wire), FMT=_FMT[wire], SELECT=select is not None,
                 SB=block, TILE=tile)
     return out
 
@@ -140,7 +161,7 @@ def wire_decode(data: torch.Tensor, wire: str, out: torch.Tensor, accumulate: bo
     if n:
         tile = tile_for(n)
         launch(kern.wire_decode_kernel, grid_for(n, tile), out.device, w, n, out, bpos,
-                BF16=wire == "bf16", SELECT=select is not None, SB=block,
+                FMT=_FMT[wire], SELECT=select is not None, SB=block,
                 ACCUMULATE=bool(accumulate), TILE=tile)
     return out
 
@@ -167,7 +188,7 @@ def wire_recompress(data: torch.Tensor, acc: torch.Tensor, wire: str,
     if n:
         tile = tile_for(n)
         launch(kern.wire_recompress_kernel, grid_for(n, tile), acc.device, w_in, acc, n, w_out,
-                bpos, bf16_nan_pattern(acc.device), BF16=wire == "bf16",
+                bpos, _nan_arg(acc.device, wire), FMT=_FMT[wire],
                 SELECT=select is not None, SB=block, WRITEBACK=wb, TILE=tile)
     return out
 
