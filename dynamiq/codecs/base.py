@@ -105,6 +105,10 @@ class PartialSumCodec:
             per-block statistics the codec needs from the metadata phase.
         variable_size: Whether :meth:`wire_bytes` depends on the call (it then needs the
             :class:`HopContext` with the prepared decisions).
+        wants_compression_factors: Whether :meth:`prepare` takes the keyword
+            ``compression_factors`` (the schedule's
+            :meth:`~dynamiq.topologies.Schedule.compression_factors`), which the executors
+            then pass.
     """
 
     block_size: int = 1
@@ -112,6 +116,7 @@ class PartialSumCodec:
     unbiased: bool = False
     statistics: tuple[str, ...] = ()
     variable_size: bool = False
+    wants_compression_factors: bool = False
     #: Whether every rank's own contribution is rounded once by :meth:`round_own` before any
     #: hop (the executors then call it on every chunk a rank sends or owns), so that the hops
     #: only add values on a shared grid.

@@ -115,10 +115,13 @@ class Plan:
             if getattr(t, "statistics", ()):
                 adjusted = t.adjust_statistics(adjusted, self.world_size, self.length)
         self.stats = adjusted
-        self.prepared = {
-            c: c.prepare(adjusted, self.length, self.world_size, states.setdefault(c, {}))
-            for c in self.pipeline.codecs
-        }
+        self.prepared = {}
+        for c in self.pipeline.codecs:
+            # a codec whose decision models the error of the whole tree gets its shape
+            kw = ({"compression_factors": self.schedule.compression_factors()}
+                  if getattr(c, "wants_compression_factors", False) else {})
+            self.prepared[c] = c.prepare(adjusted, self.length, self.world_size,
+                                         states.setdefault(c, {}), **kw)
 
     def size(self, chunk: int) -> int:
         """Coordinates in ``chunk``."""

@@ -1,6 +1,8 @@
 """The ``dynamiq`` codec: its configuration, the per-call width decision and the hop operations.
 
 See :mod:`dynamiq.codecs.dynamiq` for the method in brief and docs/method.rst for the details.
+The module is long because the class docstring documents each of the sixteen fields users set in
+spec strings; the mechanics live in the sibling modules (options, plan, segments, target).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dynamiq.codecs.base import (
     check_writeback,
     hop_backend,
 )
-from dynamiq.codecs.dynamiq.errors import measured_error, width_options
+from dynamiq.codecs.dynamiq.errors import width_options
 from dynamiq.codecs.dynamiq.options import (
     CodingOption,
     build_options,
@@ -32,15 +34,7 @@ from dynamiq.codecs.dynamiq.options import (
 )
 from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout, gather, scatter
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
-from dynamiq.codecs.dynamiq.target import (
-    calibration,
-    calibration_sums,
-    check_target,
-    predicted_vnmse,
-    reference_error,
-    ring_factors,
-    smallest_budget,
-)
+from dynamiq.codecs.dynamiq.target import calibration_sums, check_target, targeted_choice
 from dynamiq.metadata import STATISTICS, SUPER_GROUP, metadata_bits
 from dynamiq.quantizers import BlockQuantizer
 from dynamiq.spec import format_call
@@ -306,29 +300,9 @@ class DynamiQ(PartialSumCodec):
             budget = self.bits * length - meta
             choice = self._choose(energy, budget, costs, length, state)
         else:
-            factors = compression_factors or ring_factors(world_size)
-            goal = (reference_error(self.target) * math.sqrt(factors[0] * factors[1])
-                    if isinstance(self.target, str) else self.target)
-            errors = np.array([measured_error(q) for q in self.quantizers])
-            # the sampled tails hold for equal gradients; sums of independent ones tend to
-            # Gaussian values: the geometric mean of both regimes, as for the tree factors
-            errors = errors * np.sqrt(calibration(stats, errors, len(self.options)))
-            meta += self.metadata_bits(length)
-            picks: dict[float, np.ndarray] = {}
-
-            def predict(b: float) -> float:
-                picks[b] = self._choose(energy, b * length - meta, costs, length, state)
-                return predicted_vnmse(energy, errors[picks[b]], factors)
-
-            lo = (float(costs.min(axis=1).sum()) + meta) / length
-            hi = self.max_bits if self.max_bits is not None else (
-                (float(costs.max(axis=1).sum()) + meta) / length)
-            b = smallest_budget(lo, hi, predict, goal)
-            choice = picks[b] if b in picks else self._choose(
-                energy, b * length - meta, costs, length, state)
-            budget = b * length - meta
-            state["bits"] = b
-            state["predicted_vnmse"] = predicted_vnmse(energy, errors[choice], factors)
+            choice, budget = targeted_choice(self, energy, costs, length,
+                                             meta + self.metadata_bits(length), stats,
+                                             world_size, state, compression_factors)
         used = float(np.take_along_axis(costs, choice[:, None], 1).sum())
         return WidthPlan(choice, self._option_widths, budget, used)
 

@@ -60,6 +60,7 @@ __all__ = [
     "reference_error",
     "ring_factors",
     "smallest_budget",
+    "targeted_choice",
 ]
 
 #: Grid of the chosen budgets (bits per coordinate): fine enough that the chosen budget is within
@@ -219,3 +220,51 @@ def check_target(target: object, names: Sequence[str] = tuple(TARGET_NAMES)) -> 
         raise ValueError(f"target must be a vNMSE in (0, 1) or one of {list(names)}, "
                          f"got {target!r}")
     return float(target)
+
+
+def targeted_choice(codec, energy: np.ndarray, costs: np.ndarray, length: int, meta: float,
+                    stats: Mapping[str, torch.Tensor], world_size: int, state: dict,
+                    factors: tuple[float, float] | None) -> tuple[np.ndarray, float]:
+    """The allocation of the smallest budget whose predicted vNMSE meets ``codec.target``.
+
+    Args:
+        codec: The :class:`~dynamiq.codecs.DynamiQ` codec (its ``target``, ``max_bits``,
+            quantizers and fixed-budget allocation ``_choose``).
+        energy: float64 ``[m]``, every super-group's global energy.
+        costs: float64 ``[m, options]``, the options' wire bits per super-group.
+        length: Coordinates in the vector.
+        meta: Bits of the metadata phase, the codec's calibration sums included.
+        stats: The global statistics and the calibration sums.
+        world_size: Number of ranks.
+        state: The codec's per-tensor state; ``state["bits"]`` and
+            ``state["predicted_vnmse"]`` are written.
+        factors: The schedule's compression factors (``None``: a ring's).
+
+    Returns:
+        ``(choice, budget)``: int64 ``[m]`` option indices, and the bits they were allocated
+        (metadata excluded).
+    """
+    from dynamiq.codecs.dynamiq.errors import measured_error
+
+    factors = factors or ring_factors(world_size)
+    goal = (reference_error(codec.target) * math.sqrt(factors[0] * factors[1])
+            if isinstance(codec.target, str) else codec.target)
+    errors = np.array([measured_error(q) for q in codec.quantizers])
+    # the sampled tails hold for equal gradients; sums of independent ones tend to Gaussian
+    # values: the geometric mean of both regimes, as for the tree factors
+    errors = errors * np.sqrt(calibration(stats, errors, errors.size))
+    picks: dict[float, np.ndarray] = {}
+
+    def predict(b: float) -> float:
+        picks[b] = codec._choose(energy, b * length - meta, costs, length, state)
+        return predicted_vnmse(energy, errors[picks[b]], factors)
+
+    lo = (float(costs.min(axis=1).sum()) + meta) / length
+    hi = codec.max_bits if codec.max_bits is not None else (
+        (float(costs.max(axis=1).sum()) + meta) / length)
+    b = smallest_budget(lo, hi, predict, goal)
+    if b not in picks:
+        predict(b)
+    state["bits"] = b
+    state["predicted_vnmse"] = predicted_vnmse(energy, errors[picks[b]], factors)
+    return picks[b], b * length - meta
