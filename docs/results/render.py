@@ -3,7 +3,8 @@ as reStructuredText tables.
 
 Usage (from the repository root)::
 
-    python docs/results/render.py docs/results/{gpt,minilm}-*.json docs/results/scale.json \\
+    python docs/results/render.py docs/results/*-ring.json docs/results/*-butterfly.json \\
+        docs/results/scale.json \\
         > docs/results/tables.rst
     python docs/results/render.py docs/results/kernels.json > docs/results/kernels.rst
     python docs/results/render.py docs/results/allreduce_testbed.json \\
@@ -135,7 +136,8 @@ def render(paths: list[str]) -> str:
         scale = "kind" not in rows[0]
         ref = None if scale else next((r["vnmse"] for r in rows if r["method"] == "mxfp8"), None)
         kinds = ["scale"] if scale else sorted({r["kind"] for r in rows},
-                                               key=["methods", "ablation", "sweep"].index)
+                                               key=["methods", "ablation", "sweep", "match",
+                                                    "target"].index)
         for kind in kinds:
             rs = rows if scale else [r for r in rows if r["kind"] == kind]
             lines += [f".. _{stem}-{kind}:", "", f"**{stem}, {kind}**", ""]
@@ -144,7 +146,8 @@ def render(paths: list[str]) -> str:
 
 
 #: The accuracy results drawn as vNMSE against bits: JSON stem of ``dynamiq bench nmse``.
-NMSE_FIGURES: tuple[str, ...] = ("gpt-stdlib-ring", "gpt-stdlib-butterfly", "minilm-mlm-ring")
+NMSE_FIGURES: tuple[str, ...] = ("gpt-stdlib-ring", "gpt-stdlib-butterfly", "minilm-mlm-ring",
+                                 "cnn-digits-ring", "lstm-stdlib-ring", "bag-pydoc-ring")
 
 
 def render_figures(results: str | Path = RESULTS, outdir: str | Path | None = None

@@ -17,7 +17,12 @@ import torch
 from dynamiq.metadata import SUPER_GROUP
 from dynamiq.transforms.base import TRANSFORMS, Transform
 
-__all__ = ["Center"]
+__all__ = ["REMOVED_ENERGY", "Center"]
+
+
+#: Name, in the adjusted statistics, of the energy ``S_j² / c_j`` that centering takes out of
+#: every super-group's sum (it travels nowhere: every rank derives it from the global sums).
+REMOVED_ENERGY = "center.removed_energy"
 
 
 def _counts(length: int) -> torch.Tensor:
@@ -137,4 +142,7 @@ class Center(Transform):
         for name in ("sum", "sum8"):  # the centered vectors sum to zero, whichever measures it
             if name in stats:
                 out[name] = torch.zeros_like(stats[name])
+        # the energy of the sum's per-super-group means, restored exactly after the all-reduce:
+        # part of the sum, never of what is coded (an error model's denominator needs it)
+        out[REMOVED_ENERGY] = s * s / _counts(length)
         return out

@@ -52,7 +52,8 @@ def test_ablation_and_sweep_rows(tmp_path, monkeypatch):
                     out=lines.append, log=lambda s: None)
     abl = [r for r in rows if r.kind == "ablation"]
     sw = [r for r in rows if r.kind == "sweep"]
-    assert [r.method for r in abl] == [label for label, _ in steps]
+    assert [r.method for r in abl] == [label for label, _ in steps + nmse.ABLATION_SIDE]
+    assert not abl[-1].unbiased  # the paper's path-correlated rounding, beside the steps
     assert all(r.bits_per_coord <= 5.0 + 1e-9 for r in abl)
     assert [round(r.bits_per_coord) for r in sw] == [round(b) for b in nmse.SWEEP_BITS]
     assert all(r.bits_per_coord <= b + 1e-9 for r, b in zip(sw, nmse.SWEEP_BITS))

@@ -46,7 +46,7 @@ BF16_WIDTH = 16
 CHOICES = {
     "levels": ("eps", "uniform"),
     "scales": ("hier", "flat"),
-    "rounding": ("correlated", "stochastic"),
+    "rounding": ("correlated", "path", "stochastic"),
     "allocator": ("measured", "paper"),
     "scale_rounding": ("stochastic", "up"),
     "metadata": ("fp8", "bf16"),
@@ -137,6 +137,12 @@ def normalise_group_sizes(group_size: object) -> tuple[int, ...]:
     return tuple(sorted(gs))
 
 
+def _element_rounding(codec: DynamiQ) -> str:
+    """The quantizers' rounding: path-correlated rounding is correlated rounding whose streams
+    the codec keys without the tree height."""
+    return "correlated" if codec.rounding == "path" else codec.rounding
+
+
 def check_settings(codec: DynamiQ) -> None:
     """Check ``codec``'s text settings against :data:`CHOICES`, its ``seed`` and dithering.
 
@@ -189,11 +195,12 @@ class CodingOption:
 def _quantizer(codec: DynamiQ, width: int, eps: float, group_size: int) -> BlockQuantizer:
     fmt = EpsilonFormat(width, eps)
     dither = codec.dither and width >= codec.dither_min_width
+    rounding = _element_rounding(codec)
     if codec.scales == "hier":
-        return BlockQuantizer(fmt, group_size=group_size, scale="u8rel", rounding=codec.rounding,
+        return BlockQuantizer(fmt, group_size=group_size, scale="u8rel", rounding=rounding,
                               scale_rounding=codec.scale_rounding, super_group_size=SUPER_GROUP,
                               super_scale=codec.super_scale, dither=dither)
-    return BlockQuantizer(fmt, group_size=group_size, scale="bf16", rounding=codec.rounding,
+    return BlockQuantizer(fmt, group_size=group_size, scale="bf16", rounding=rounding,
                           scale_rounding="up", dither=dither)
 
 

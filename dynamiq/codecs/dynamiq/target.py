@@ -27,7 +27,8 @@ and the metadata cannot tell where, so the prediction is their geometric mean, a
 often heavier-tailed inside a group (a group's maximum then sits further above its typical
 value, and the levels are coarser relative to it), which raises every option's error by a
 factor of up to about 2. So each rank also codes a fixed sample of its own super-groups
-(:data:`CALIBRATION_SUPER_GROUPS` of them, evenly spread, each centred on its own mean) with
+(:data:`CALIBRATION_SUPER_GROUPS` of them, mostly its most energetic ones, each centred on its
+own mean) with
 every option, and adds its squared errors and the sample's energy to the metadata phase
 (:func:`calibration_sums`); from the sums over ranks every rank derives the same factor per
 option, :func:`calibration`, which multiplies the measured errors.
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 
 from dynamiq.metadata import SUPER_GROUP
+from dynamiq.transforms.center import REMOVED_ENERGY
 
 __all__ = [
     "BUDGET_STEP",
@@ -86,7 +88,8 @@ def ring_factors(world_size: int) -> tuple[float, float]:
     return (n + 1) / 2, (n + 1) * (2 * n + 1) / (6 * n)
 
 
-def predicted_vnmse(energy: np.ndarray, errors: np.ndarray, factors: tuple[float, float]) -> float:
+def predicted_vnmse(energy: np.ndarray, errors: np.ndarray, factors: tuple[float, float],
+                    removed: float = 0.0, world_size: int = 1) -> float:
     """The model's vNMSE of one call.
 
     Args:
@@ -94,16 +97,24 @@ def predicted_vnmse(energy: np.ndarray, errors: np.ndarray, factors: tuple[float
             entries are left out).
         errors: float64 ``[m]``, the measured relative error of each super-group's option.
         factors: ``(c_ind, c_eq)`` of the schedule (see the module doc).
+        removed: Energy of the sum that is restored exactly rather than coded (centering's
+            super-group means): it adds to the sum's energy, not to its error.
+        world_size: Number of ranks ``n`` (the coded part of the sum carries ``E`` for
+            independent gradients, ``n E`` for equal ones).
 
     Returns:
-        ``sqrt(c_ind c_eq) · Σ E_j v_j / Σ E_j``; 0 for an all-zero vector.
+        The geometric mean of ``c_ind Σ E_j v_j / (E + removed)`` and
+        ``c_eq n Σ E_j v_j / (n E + removed)`` (``E = Σ E_j``); 0 for an all-zero vector.
     """
     ok = np.isfinite(energy)
     e = np.where(ok, energy, 0.0)
     tot = float(e.sum())
     if tot <= 0:
         return 0.0
-    return math.sqrt(factors[0] * factors[1]) * float((e * errors).sum()) / tot
+    num = float((e * errors).sum())
+    n = max(1, int(world_size))
+    r = max(0.0, float(removed)) if math.isfinite(removed) else 0.0
+    return math.sqrt(factors[0] * num / (tot + r) * factors[1] * n * num / (n * tot + r))
 
 
 def smallest_budget(lo: float, hi: float, predict: Callable[[float], float],
@@ -144,9 +155,9 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
     Returns:
         ``{CALIBRATION_ERRORS: (float64 [options], "sum"), CALIBRATION_ENERGY: (float64 [1],
         "sum")}``: the squared errors of coding the sample with each option, and its energy.
-        The sample is :data:`CALIBRATION_SUPER_GROUPS` whole super-groups at evenly spaced
-        positions, each minus its own mean (what centering leaves, near enough); non-finite
-        values count as 0.
+        The sample is :data:`CALIBRATION_SUPER_GROUPS` whole super-groups, three quarters the
+        rank's most energetic ones and the rest at evenly spaced positions, each minus its own
+        mean (what centering leaves, near enough); non-finite values count as 0.
     """
     m = y.numel() // SUPER_GROUP
     k = len(quantizers)
@@ -154,9 +165,16 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
     if m == 0:
         return {CALIBRATION_ERRORS: (errs, "sum"),
                 CALIBRATION_ENERGY: (torch.zeros(1, dtype=torch.float64), "sum")}
-    idx = torch.linspace(0, m - 1, min(m, CALIBRATION_SUPER_GROUPS)).round().long().unique()
-    x = y.detach()[: m * SUPER_GROUP].view(m, SUPER_GROUP)[idx.to(y.device)].float().cpu()
-    x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    whole = torch.nan_to_num(y.detach()[: m * SUPER_GROUP].view(m, SUPER_GROUP).float(),
+                             nan=0.0, posinf=0.0, neginf=0.0)
+    # the error is where the energy is: most of the sample is the rank's own most energetic
+    # super-groups (ties broken by index, so every run samples alike), the rest evenly spread
+    energy = ((whole - whole.mean(1, keepdim=True)) ** 2).sum(1).cpu()
+    top = min(m, CALIBRATION_SUPER_GROUPS * 3 // 4)
+    order = torch.sort(energy, descending=True, stable=True).indices[:top]
+    spread = torch.linspace(0, m - 1, min(m, CALIBRATION_SUPER_GROUPS - top)).round().long()
+    idx = torch.unique(torch.cat([order, spread]))
+    x = whole[idx.to(whole.device)].cpu()
     x = (x - x.mean(1, keepdim=True)).reshape(-1).contiguous()
     x64 = x.double()
     for i, q in enumerate(quantizers):
@@ -254,10 +272,12 @@ def targeted_choice(codec, energy: np.ndarray, costs: np.ndarray, length: int, m
     # values: the geometric mean of both regimes, as for the tree factors
     errors = errors * np.sqrt(calibration(stats, errors, errors.size))
     picks: dict[float, np.ndarray] = {}
+    rem = stats.get(REMOVED_ENERGY)
+    removed = float(rem.double().sum()) if rem is not None else 0.0
 
     def predict(b: float) -> float:
         picks[b] = codec._choose(energy, b * length - meta, costs, length, state)
-        return predicted_vnmse(energy, errors[picks[b]], factors)
+        return predicted_vnmse(energy, errors[picks[b]], factors, removed, world_size)
 
     lo = (float(costs.min(axis=1).sum()) + meta) / length
     hi = codec.max_bits if codec.max_bits is not None else (
@@ -266,5 +286,6 @@ def targeted_choice(codec, energy: np.ndarray, costs: np.ndarray, length: int, m
     if b not in picks:
         predict(b)
     state["bits"] = b
-    state["predicted_vnmse"] = predicted_vnmse(energy, errors[picks[b]], factors)
+    state["predicted_vnmse"] = predicted_vnmse(energy, errors[picks[b]], factors, removed,
+                                               world_size)
     return picks[b], b * length - meta
