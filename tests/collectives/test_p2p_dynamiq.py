@@ -34,6 +34,7 @@ from dynamiq.collectives import api, p2p
 from dynamiq.collectives.engine import chunk_bounds
 from dynamiq.collectives.simulator import normalized_bits, simulate
 from dynamiq.pipeline import get_pipeline
+from dynamiq.transforms.center import REMOVED_ENERGY
 
 WORLD = 4
 D = 40 * 256  # whole super-groups (a partial one: see the tail tests)
@@ -179,7 +180,8 @@ def test_bytes_sent_is_the_sum_of_the_wire_sizes(key):
     sim = _simulated(key)[0]
     for r in range(WORLD):
         stats = res[r][f"{key}/0"][1]["stats"]
-        assert set(stats) == {"sum8", "csumsq8"}
+        # the exchanged statistics, and what centering derives from them for the codec
+        assert set(stats) == {"sum8", "csumsq8", REMOVED_ENERGY}
         for name, v in stats.items():  # every rank saw the simulator's statistics
             assert np.allclose(v, sim.stats[name].numpy(), rtol=1e-12, atol=1e-9), name
         want = _wire_bytes(key, stats, WORLD, D)
