@@ -201,6 +201,21 @@ def _target_value(row: Row, reference: float | None) -> float | None:
     return row.target
 
 
+#: How much the correlated-rounding step of the ablation may raise vNMSE and still count as
+#: neutral: with unbiased roundings it cannot lower a ring's error (module doc), and two
+#: measurements of the same error differ by sampling noise of about this size.
+NEUTRAL = 0.01
+
+
+def _ablation_ok(rows: list[Row]) -> bool:
+    """Every step lowers vNMSE, except correlated rounding, which must not raise it."""
+    for a, b in itertools.pairwise(rows):
+        limit = a.vnmse * (1 + NEUTRAL) if "correlated" in b.method else a.vnmse
+        if not (b.vnmse < limit or ("correlated" in b.method and b.vnmse <= limit)):
+            return False
+    return True
+
+
 def _monotone(values: list[float]) -> bool:
     return all(b < a for a, b in itertools.pairwise(values))
 
@@ -288,8 +303,9 @@ def run(
         rows += abl
         out(f"\nablation ({topology}, {bits:g} bits/coordinate)")
         out(_fmt_table(abl, ref))
-        ok = _monotone([r.vnmse for r in abl[:len(ABLATION)]])
-        out(f"every step lowers vNMSE: {'yes' if ok else 'NO'}")
+        ok = _ablation_ok(abl[:len(ABLATION)])
+        out(f"every step lowers vNMSE (correlated rounding: neutral within {NEUTRAL:.0%} on a "
+            f"ring): {'yes' if ok else 'NO'}")
     if sweep:
         sw = [_row(name, f"{base} @ {b:g} bits", method_pipeline(base, topology, b), sets,
                    "sweep", log) for b in SWEEP_BITS]

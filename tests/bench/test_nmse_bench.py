@@ -138,3 +138,13 @@ def test_run_reports_match_target_and_bias_rows(tmp_path):
     assert [r.target for r in targets] == [1e-3, "mxfp8"]
     assert json.loads((tmp_path / "r.json").read_text())[-1]["target"] == "mxfp8"
     assert (tmp_path / "r.svg").stat().st_size > 0
+
+
+def test_ablation_check_lets_correlated_rounding_be_neutral():
+    def row(method, v):
+        return nmse.Row("w", method, "", "ring", 8, 5.0, v)
+
+    step = "+ correlated rounding"
+    assert nmse._ablation_ok([row("a", 1.0), row(step, 1.005), row("c", 0.9)])
+    assert not nmse._ablation_ok([row("a", 1.0), row(step, 1.02)])  # it raised the error
+    assert not nmse._ablation_ok([row("a", 1.0), row("b", 1.0)])  # other steps must lower it
