@@ -142,8 +142,6 @@ class DynamiQ(PartialSumCodec):
     max_bits: float | None = None
 
     block_size = SUPER_GROUP
-    #: the executors pass their schedule's compression factors to :meth:`prepare`
-    wants_compression_factors = True
 
     @classmethod
     def examples(cls) -> list[DynamiQ]:
@@ -232,6 +230,11 @@ class DynamiQ(PartialSumCodec):
     @cached_property
     def _segments(self) -> tuple[Segment, ...]:
         return tuple(segment_of(o) for o in self.options)
+
+    @property
+    def wants_compression_factors(self) -> bool:  # type: ignore[override]
+        # only the targeted mode reads them; a fixed budget skips walking every chunk's tree
+        return self.target is not None
 
     @property
     def variable(self) -> bool:
