@@ -4,10 +4,13 @@ Super-group ``j`` with energy ``E_j`` (the global sum of squares) coded at width
 modelled to cost ``E_j · v(w)`` squared error and ``c(w)`` bits. The allocation minimises
 ``Σ_j E_j v(w_j)`` subject to ``Σ_j c(w_j) ≤ B``; its Lagrangian relaxation gives every
 super-group the width minimising ``E_j v(w) + λ c(w)``, monotone in the one free scalar ``λ``.
-:func:`allocate` finds ``λ`` by bisection on ``log2 λ`` (warm-started from the previous call's
-value), then settles the few super-groups whose choice flips inside the final bracket greedily
-in the order of their own thresholds, so the result is the same whatever the starting point and
-the budget holds exactly (never exceeded; the leftover is less than one more upgrade).
+:func:`allocate` does not search for ``λ``: every super-group's upgrades along the convex hull
+of its options have thresholds ``E_j · Δv / Δc`` (the ``λ`` at which the rule starts to take
+them), and taking upgrades in decreasing threshold order until the first that does not fit
+gives the rule's allocation at the largest ``λ`` that fits, with the leftover settled greedily.
+The threshold where the budget runs out is found by a weighted quickselect, in time linear in
+the number of super-groups, and the budget holds exactly (never exceeded; the leftover is less
+than the upgrade that did not fit).
 
 Two error models:
 
@@ -25,10 +28,8 @@ import numpy as np
 
 __all__ = ["WidthOption", "allocate", "lagrangian_choice"]
 
-#: Bisection stops when the bracket on log2(λ) is this narrow or few choices still flip.
-_TOL = 1e-10
+#: Below this many candidate upgrades the quickselect stops and the rest are sorted.
 _FEW = 64
-_MAX_ITERS = 200
 
 
 @dataclass(frozen=True)
@@ -72,45 +73,192 @@ def _total(choice: np.ndarray, cost: np.ndarray) -> float:
     return float(np.take_along_axis(cost, choice[:, None], 1).sum())
 
 
-def _hull_steps(e: float, a: int, b: int, err: np.ndarray, cost: np.ndarray
-                ) -> list[tuple[float, int]]:
-    """The upgrades from option ``a`` to ``b`` along the lower convex hull of ``(c, e·v)``.
+def _hull_path(err: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lower convex hull of one super-group's options ``(c, v)``, cheapest to most accurate.
 
-    Returns ``[(threshold λ, next option), ...]`` in order; thresholds decrease along the hull,
-    which is what makes settling them greedily the Lagrangian allocation.
+    Args:
+        err: float64 ``[k]``, ``v`` of every option.
+        cost: float64 ``[k]``, the super-group's cost of every option (``inf``: excluded).
+
+    Returns:
+        ``(vertices, derr, dcost)``: the option index of every hull vertex (``[h + 1]``, from
+        the cheapest option to the most accurate affordable one), and each of the ``h``
+        upgrades' error decrease and cost increase. An upgrade's threshold for energy ``e`` is
+        ``e · derr / dcost``; thresholds decrease along the hull, which is what makes taking
+        upgrades in threshold order the Lagrangian allocation. Among options of equal slope
+        the farthest is taken, so one upgrade covers a straight hull edge.
     """
-    steps = []
-    cur = a
+    finite = np.isfinite(cost)
+    cur = int(np.argmin(cost))
+    # the most accurate affordable option, the cheaper one among equal errors
+    b = min((o for o in range(cost.size) if finite[o]), key=lambda o: (err[o], cost[o], o))
+    vertices, derr, dcost = [cur], [], []
     while cur != b:
-        cands = [o for o in range(len(cost)) if cost[cur] < cost[o] <= cost[b]]
-        slopes = [e * (err[cur] - err[o]) / (cost[o] - cost[cur]) for o in cands]
-        k = int(np.argmax(slopes))
-        # among equal slopes, the farthest option (so one step covers a straight hull edge)
-        best = max((o for o, sl in zip(cands, slopes) if sl == slopes[k]), key=lambda o: cost[o])
-        steps.append((slopes[k], best))
-        cur = best
-    return steps
+        cands = [o for o in range(cost.size) if cost[cur] < cost[o] <= cost[b]]
+        slopes = [(err[cur] - err[o]) / (cost[o] - cost[cur]) for o in cands]
+        top = max(slopes)
+        nxt = max((o for o, sl in zip(cands, slopes) if sl == top), key=lambda o: cost[o])
+        vertices.append(nxt)
+        derr.append(err[cur] - err[nxt])
+        dcost.append(cost[nxt] - cost[cur])
+        cur = nxt
+    return np.array(vertices, np.int64), np.array(derr), np.array(dcost)
+
+
+def _row_classes(cost: np.ndarray) -> list[np.ndarray]:
+    """Super-groups grouped by identical cost rows (all but a partial last one share row 0)."""
+    common = (cost == cost[0]).all(axis=1)
+    classes = [np.nonzero(common)[0]]
+    for j in np.nonzero(~common)[0]:
+        for i, js in enumerate(classes):
+            if np.array_equal(cost[js[0]], cost[j]):
+                classes[i] = np.append(js, j)
+                break
+        else:
+            classes.append(np.array([j]))
+    return classes
+
+
+class _Upgrades:
+    """Every super-group's hull upgrades, with their thresholds ``E_j · Δv / Δc``.
+
+    The super-groups of the largest cost class are kept sorted by energy, so the thresholds of
+    each of their upgrades form a sorted column and "how many exceed ``λ``" is a binary
+    search; the few others (a partial last super-group) are listed one upgrade at a time.
+    """
+
+    def __init__(self, e: np.ndarray, err: np.ndarray, cost: np.ndarray) -> None:
+        classes = _row_classes(cost)
+        self.size = cost.shape[0]
+        big = max(range(len(classes)), key=lambda i: classes[i].size)
+        self.vertices: dict[int, np.ndarray] = {}
+        ts, js, ks, cs = [], [], [], []
+        for i, rows in enumerate(classes):
+            v, derr, dcost = _hull_path(err, cost[rows[0]])
+            if i == big:
+                order = rows[np.argsort(e[rows])]  # ties: any order (walked by index below)
+                self.rows = order
+                # thresholds ascend down each column (monotone in the energy)
+                self.cols = (e[order][:, None] * derr[None, :]) / dcost[None, :]
+                self.col_cost = dcost
+                self.common = v
+            else:
+                for j in rows:
+                    self.vertices[int(j)] = v
+                t = (e[rows][:, None] * derr[None, :]) / dcost[None, :]
+                ts.append(t.ravel())
+                js.append(np.repeat(rows, derr.size))
+                ks.append(np.tile(np.arange(derr.size), rows.size))
+                cs.append(np.tile(dcost, rows.size))
+        def cat(parts: list[np.ndarray], dt: type) -> np.ndarray:
+            return np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
+
+        self.xt, self.xj = cat(ts, np.float64), cat(js, np.int64)
+        self.xk, self.xc = cat(ks, np.int64), cat(cs, np.float64)
+
+    def _cuts(self, lam: float) -> np.ndarray:
+        """Per column, the first sorted position whose threshold exceeds ``lam``."""
+        return np.array([np.searchsorted(self.cols[:, k], lam, side="right")
+                         for k in range(self.cols.shape[1])], dtype=np.int64)
+
+    def spend(self, lam: float) -> float:
+        """Bits of every upgrade whose threshold exceeds ``lam``."""
+        n = self.rows.size
+        return float(((n - self._cuts(lam)) * self.col_cost).sum()
+                     + self.xc[self.xt > lam].sum())
+
+    def between(self, lo: float, hi: float) -> int:
+        """Upgrades with thresholds in ``(lo, hi]``."""
+        return int((self._cuts(hi) - self._cuts(lo)).sum()
+                   + ((self.xt > lo) & (self.xt <= hi)).sum())
+
+    def take(self, left: float) -> tuple[np.ndarray, float]:
+        """Per super-group, how many upgrades the greedy takes (in decreasing threshold order,
+        ties by super-group then along the hull, each while it fits, until the first that does
+        not), and the threshold of that first one (``-inf`` when all are taken)."""
+        # the smallest and largest positive thresholds: a column's ends, the listed ones'
+        first = [float(c[np.searchsorted(c, 0.0, side="right")]) for c in self.cols.T
+                 if c.size and c[-1] > 0]
+        first += [float(t) for t in self.xt[self.xt > 0]]
+        top = [float(c[-1]) for c in self.cols.T if c.size] + [float(t) for t in self.xt]
+        lo, hi = 0.0, max([0.0, *top])
+        if self.spend(0.0) <= left:
+            hi = 0.0  # every upgrade worth anything fits
+        else:
+            lo = min(first) / 2
+            # bisection on log2 λ: spend(lo) > left >= spend(hi)
+            while self.between(lo, hi) > _FEW:
+                mid = float(np.exp2(0.5 * (np.log2(lo) + np.log2(hi))))
+                if not lo < mid < hi:
+                    break  # the rest tie: walked in order below
+                if self.spend(mid) <= left:
+                    hi = mid
+                else:
+                    lo = mid
+        left -= self.spend(hi)
+        # every upgrade above hi is taken: per column a suffix of the sorted positions
+        ups = np.zeros(self.size, dtype=np.int64)
+        cut_hi, cut_lo = self._cuts(hi), self._cuts(lo)
+        ups[self.rows] = np.searchsorted(cut_hi, np.arange(self.rows.size), side="right")
+        above = self.xt > hi
+        np.add.at(ups, self.xj[above], 1)
+        # the upgrades inside (lo, hi], walked in order while they fit
+        t, j, k, c = [], [], [], []
+        for col in range(self.cols.shape[1]):
+            p = np.arange(cut_lo[col], cut_hi[col])
+            t.append(self.cols[p, col])
+            j.append(self.rows[p])
+            k.append(np.full(p.size, col))
+            c.append(np.full(p.size, self.col_cost[col]))
+        inside = (self.xt > lo) & (self.xt <= hi)
+        t.append(self.xt[inside])
+        j.append(self.xj[inside])
+        k.append(self.xk[inside])
+        c.append(self.xc[inside])
+        t_, j_, k_, c_ = (np.concatenate(a) for a in (t, j, k, c))
+        stop = -np.inf
+        for i in np.lexsort((k_, j_, -t_)):
+            if t_[i] <= 0:
+                break
+            if c_[i] > left:
+                stop = float(t_[i])
+                break
+            ups[j_[i]] += 1
+            left -= c_[i]
+        return ups, stop
+
+    def choice(self, ups: np.ndarray) -> np.ndarray:
+        """Option index of every super-group after ``ups`` upgrades."""
+        out = np.empty(ups.size, dtype=np.int64)
+        out[self.rows] = self.common[ups[self.rows]]
+        for j in np.unique(self.xj):
+            out[j] = self.vertices[int(j)][ups[j]]
+        return out
 
 
 def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict,
              costs: np.ndarray | None = None) -> np.ndarray:
     """Widths per super-group that fit ``budget`` bits and minimise the modelled error.
 
+    Every super-group's upgrades along the lower convex hull of its options have thresholds
+    ``E_j · Δv / Δc``; the allocation takes them in decreasing threshold order (ties by
+    super-group, then along the hull) while they fit, and stops at the first that does not.
+    That is the Lagrangian allocation at the largest multiplier whose upgrades all fit, with
+    the leftover settled greedily (exact with two options, within the duality gap otherwise).
+
     Args:
         energy: float64 ``[m]`` per-super-group energies (identical on every rank).
         options: Candidate widths sorted by increasing cost (at least one).
         budget: Bits available for the ``m`` super-groups (model costs).
-        state: Warm-start state; ``state["log2_lambda"]`` (relative to the largest energy, so
-            it carries over between calls whatever the gradients' scale) is read and updated.
+        state: Per-tensor state; ``state["log2_lambda"]`` is set to the multiplier the
+            allocation stopped at (``log2``, relative to the largest energy), for reporting.
         costs: float64 ``[m, len(options)]`` bits of each option for each super-group, where
-            they differ from the options' own costs (a partial last super-group costs less);
-            Default: every row is the options' costs.
+            they differ from the options' own costs (a partial last super-group costs less;
+            ``inf`` excludes an option); default: every row is the options' costs.
 
     Returns:
-        int64 ``[m]`` indices into ``options``: the allocation at the largest threshold whose
-        upgrades all fit (ties broken by super-group index). When even the cheapest option
-        exceeds the budget, every super-group gets the cheapest one (the caller reports the
-        overrun).
+        int64 ``[m]`` indices into ``options``. When even the cheapest option exceeds the
+        budget, every super-group gets the cheapest one (the caller reports the overrun).
     """
     energy = np.nan_to_num(np.asarray(energy, dtype=np.float64), nan=0.0, posinf=np.inf)
     energy = np.maximum(energy, 0.0)
@@ -128,76 +276,12 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     best = np.full(m, int(np.argmin(err)), dtype=np.int64)
     if _total(best, cost) <= budget:
         return best
-    # the allocation only depends on energy ratios: normalise so λ stays in a fixed range
-    # (an infinite energy is "more than anything else": it ranks first)
+    # the allocation only depends on energy ratios: normalise (an infinite energy is "more
+    # than anything else": it ranks first)
     finite = energy[np.isfinite(energy)]
     top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     e = np.where(np.isfinite(energy), energy / top, 2.0**100)
-
-    def fits(log_lam: float) -> tuple[bool, np.ndarray]:
-        ch = lagrangian_choice(e, options, float(np.exp2(log_lam)), cost)
-        return _total(ch, cost) <= budget, ch
-
-    lo_lim, hi_lim = -1100.0, 128.0  # λ beyond these: every choice is the cheapest / the best
-    start = float(np.clip(state.get("log2_lambda", -np.log2(max(base.mean(), 1.0))),
-                          lo_lim, hi_lim))
-    step = 0.5
-    ok, ch = fits(start)
-    if ok:
-        hi, hi_ch, lo = start, ch, start - step
-        while True:
-            lo = max(lo, lo_lim)
-            ok, ch = fits(lo)
-            if not ok:
-                lo_ch = ch
-                break
-            hi, hi_ch = lo, ch
-            if lo <= lo_lim:
-                return hi_ch
-            step *= 2
-            lo -= step
-    else:
-        lo, lo_ch, hi = start, ch, start + step
-        while True:
-            hi = min(hi, hi_lim)
-            ok, ch = fits(hi)
-            if ok:
-                hi_ch = ch
-                break
-            lo, lo_ch = hi, ch
-            if hi >= hi_lim:
-                hi_ch = cheapest
-                break
-            step *= 2
-            hi += step
-    for _ in range(_MAX_ITERS):
-        flips = int((lo_ch != hi_ch).sum())
-        if flips <= _FEW or hi - lo < _TOL:
-            break
-        mid = 0.5 * (lo + hi)
-        ok, ch = fits(mid)
-        if ok:
-            hi, hi_ch = mid, ch
-        else:
-            lo, lo_ch = mid, ch
-    state["log2_lambda"] = hi
-    # settle the super-groups that change inside (lo, hi]: take their hull upgrades in
-    # decreasing order of threshold while the budget allows (the first that does not fit ends
-    # it, so the result is the threshold allocation, whatever bracket the search ended on)
-    result = hi_ch.copy()
-    flip = np.nonzero(lo_ch != hi_ch)[0]
-    if flip.size:
-        steps = []
-        for j in flip:
-            for k, (lam, nxt) in enumerate(_hull_steps(float(e[j]), int(hi_ch[j]),
-                                                       int(lo_ch[j]), err, cost[j])):
-                steps.append((-lam, int(j), k, nxt))
-        steps.sort()
-        left = budget - _total(result, cost)
-        for _, j, _, nxt in steps:
-            extra = cost[j, nxt] - cost[j, result[j]]
-            if extra > left:
-                break
-            result[j] = nxt
-            left -= extra
-    return result
+    upgrades = _Upgrades(e, err, cost)
+    ups, stop = upgrades.take(budget - _total(cheapest, cost))
+    state["log2_lambda"] = float(np.log2(stop)) if stop > 0 else -np.inf
+    return upgrades.choice(ups)

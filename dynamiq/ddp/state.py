@@ -3,9 +3,9 @@
 The state follows the shape of torch's PowerSGD hook: an object the user builds once per
 process and passes to ``register_comm_hook`` with :func:`~dynamiq.ddp.hook.dynamiq_hook`. It
 holds the settings, the step counter, the call counter that keys every compressed call's
-random numbers, the codecs' per-bucket state (allocator warm starts, auto-scale factors) and
-running statistics of what was sent. Everything but the process group survives pickling, so
-a checkpoint of the state resumes the same sequence of calls.
+random numbers, the codecs' per-bucket state (auto-scale factors, the allocator's last
+multiplier) and running statistics of what was sent. Everything but the process group
+survives pickling, so a checkpoint of the state resumes the same sequence of calls.
 """
 
 from __future__ import annotations

@@ -300,3 +300,58 @@ def test_default_codec_gives_equal_energies_equal_widths(start):
     plan = codec.prepare(stats, 2 * 256, 4, state)
     assert plan.budget_bits == 2720.0
     assert [codec.width_list[i] for i in plan.choice] == [5, 5]
+
+
+# ---- the allocation is the threshold-ordered walk of every hull upgrade ----------------------
+def _walk(energy, options, budget, costs):
+    """Reference: list every super-group's hull upgrades with their thresholds, sort them all by
+    (threshold descending, super-group, hull position) and take them while they fit."""
+    err = np.array([o.error for o in options])
+    e = np.maximum(np.nan_to_num(np.asarray(energy, float), nan=0.0, posinf=np.inf), 0.0)
+    fin = e[np.isfinite(e)]
+    top = float(fin.max()) if fin.size and fin.max() > 0 else 1.0
+    e = np.where(np.isfinite(e), e / top, 2.0**100)
+    choice = np.argmin(costs, axis=1)
+    ups = []
+    for j, row in enumerate(costs):
+        ok = [o for o in range(len(row)) if np.isfinite(row[o])]
+        best = min(ok, key=lambda o: (err[o], row[o], o))
+        cur, k = int(choice[j]), 0
+        while cur != best:
+            cands = [o for o in ok if row[cur] < row[o] <= row[best]]
+            slope = {o: (err[cur] - err[o]) / (row[o] - row[cur]) for o in cands}
+            nxt = max(cands, key=lambda o: (slope[o], row[o]))
+            ups.append((-(e[j] * (err[cur] - err[nxt]) / (row[nxt] - row[cur])), j, k,
+                        row[nxt] - row[cur], nxt))
+            cur, k = nxt, k + 1
+    left = budget - float(np.take_along_axis(costs, choice[:, None], 1).sum())
+    for neg_t, j, _, extra, nxt in sorted(ups):
+        if -neg_t <= 0 or extra > left:
+            break
+        choice[j] = nxt
+        left -= extra
+    return choice
+
+
+@given(st.lists(_energy, min_size=1, max_size=300), _option_sets, st.floats(0.02, 0.98),
+       st.sampled_from(["same", "partial", "excluded"]))
+def test_allocation_is_the_threshold_ordered_walk_of_all_upgrades(energies, options, frac, rows):
+    """The quickselect over sorted columns takes exactly the upgrades that sorting all of them
+    and walking the list takes (long vectors exercise the search, equal energies its ties, a
+    partial last super-group and excluded options the listed rows)."""
+    e = np.array(energies * (1 + 2000 // len(energies)))[:2000] if len(energies) > 200 else \
+        np.array(energies)
+    m = e.size
+    base = np.array([o.cost for o in options])
+    costs = np.tile(base, (m, 1))
+    if rows == "partial":
+        costs[-1] = np.ceil(base * 0.3)
+    elif rows == "excluded":
+        costs[:, 0] = np.inf
+        costs[-1, 1:] = np.ceil(base[1:] * 0.5)
+    fin = costs[np.isfinite(costs)].reshape(m, -1)
+    budget = float(fin.min(1).sum() + frac * (fin.max(1).sum() - fin.min(1).sum()))
+    got = allocate(e, options, budget, {}, costs)
+    if np.take_along_axis(costs, np.argmin(costs, 1)[:, None], 1).sum() >= budget:
+        return
+    assert got.tolist() == _walk(e, options, budget, costs).tolist()

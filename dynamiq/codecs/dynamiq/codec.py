@@ -271,9 +271,9 @@ class DynamiQ(PartialSumCodec):
                 :attr:`statistics` among them).
             length: Coordinates in the vector.
             world_size: Number of ranks.
-            state: The allocator's warm start (kept between calls); with a :attr:`target`,
-                also ``state["bits"]`` (the budget chosen by the last call) and
-                ``state["predicted_vnmse"]`` (its predicted vNMSE).
+            state: Kept between calls: the allocator's last multiplier (``log2_lambda``);
+                with a :attr:`target`, also ``state["bits"]`` (the budget chosen by the last
+                call) and ``state["predicted_vnmse"]`` (its predicted vNMSE).
             compression_factors: The schedule's
                 :meth:`~dynamiq.topologies.Schedule.compression_factors` (the executors pass
                 them); ``None``: a ring's of ``world_size`` ranks. Only a :attr:`target`
