@@ -113,11 +113,12 @@ class Center(Transform):
     def inverse(self, y: torch.Tensor, n: int, *, step: int = 0,
                 stats: Mapping[str, torch.Tensor] | None = None, world_size: int = 1
                 ) -> torch.Tensor:
-        """Add ``n · μ_j`` back to the reduced sum (float32 addition, ``n · μ_j`` exact-ish:
-        one float32 product per super-group).
+        """Add ``n · μ_j`` back to the reduced sum, in place (float32 addition, ``n · μ_j``
+        exact-ish: one float32 product per super-group).
 
         Args:
-            y: float32 ``[length]``, the reduced sum of the centered vectors.
+            y: float32 ``[length]``, the reduced sum of the centered vectors (overwritten: the
+                executors' accumulator, which then holds the result without a copy).
             n: Length to keep (``y`` is returned whole when ``n >= len(y)``).
             step: Unused.
             stats: The statistics given to :meth:`forward`.
@@ -125,7 +126,7 @@ class Center(Transform):
         """
         length = y.numel()
         mu = self._mean(stats, world_size, length).to(y.device)
-        return _add_per_group(y, mu * float(world_size), torch.empty_like(y))[:n]
+        return _add_per_group(y, mu * float(world_size), y)[:n]
 
     def adjust_statistics(self, stats: Mapping[str, torch.Tensor], world_size: int,
                           length: int) -> dict[str, torch.Tensor]:

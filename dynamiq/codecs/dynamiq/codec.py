@@ -424,7 +424,9 @@ class DynamiQ(PartialSumCodec):
                          backend: str) -> torch.Tensor:
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
-        g = torch.zeros(lay.sgs * SUPER_GROUP, dtype=torch.float32, device=data.device)
+        # every coordinate is written by its segment but the padding of a partial last
+        # super-group, which lands past the chunk's end and is never read back (scatter)
+        g = torch.empty(lay.sgs * SUPER_GROUP, dtype=torch.float32, device=data.device)
         src = None if ctx is None else ctx.producer
         for i, sg0, coords, b0, b1, first in lay.segments:
             s = sg0 * SUPER_GROUP

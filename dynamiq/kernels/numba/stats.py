@@ -1,4 +1,5 @@
-"""Numba block statistics of the metadata phase: one compiled pass per statistic.
+"""Numba block statistics of the metadata phase: one compiled pass per statistic (a block sum
+and centred sum of squares asked together share one).
 
 Twin of :meth:`dynamiq.kernels.backend.Backend.block_statistics` (torch on the CPU). The vector
 is read as zero-padded to whole blocks and every block is reduced in float64, blocks in
@@ -69,6 +70,26 @@ def _stats(y, block, op, out):  # pragma: no cover - compiled
             out[b] = q + (block - (hi - lo)) * (mean * mean)
 
 
+@nb.njit(parallel=True, cache=True)
+def _sum_and_csumsq(y, block, sums, out):  # pragma: no cover - compiled
+    # the "csumsq" pass of _stats, keeping the block sums it takes on the way: one read of the
+    # data gives both statistics, each with the bits its own pass gives
+    n = y.size
+    for b in nb.prange(out.size):
+        lo = b * block
+        hi = min(lo + block, n)
+        s = 0.0
+        for i in range(lo, hi):
+            s += np.float64(y[i])
+        sums[b] = s
+        mean = s / block
+        q = 0.0
+        for i in range(lo, hi):
+            v = np.float64(y[i]) - mean
+            q += v * v
+        out[b] = q + (block - (hi - lo)) * (mean * mean)
+
+
 def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
                      ) -> dict[tuple[str, int], torch.Tensor]:
     """See :meth:`dynamiq.kernels.backend.Backend.block_statistics` (the sums are added in
@@ -76,10 +97,19 @@ def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
     yn = y.detach().contiguous().numpy()
     n = yn.size
     out = {}
+    asked = set(ops)
     for op, block in ops:
         if op not in STAT_OPS:
             raise ValueError(f"block statistics are {STAT_OPS}, not {op!r}")
+        if (op, block) in out:
+            continue
         r = np.empty(-(-n // block), dtype=np.float64)
+        if op in ("sum", "csumsq") and r.size and {("sum", block), ("csumsq", block)} <= asked:
+            sums = np.empty_like(r)
+            _sum_and_csumsq(yn, int(block), sums, r)
+            out[("csumsq", block)] = torch.from_numpy(r)
+            out[("sum", block)] = torch.from_numpy(sums)
+            continue
         if r.size:
             _stats(yn, int(block), STAT_OPS.index(op), r)
         out[(op, block)] = torch.from_numpy(r)
