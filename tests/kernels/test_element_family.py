@@ -14,7 +14,7 @@ import pytest
 
 from dynamiq.formats import EpsilonFormat, FloatFormat, IntFormat
 from dynamiq.kernels.abi import Rounding
-from dynamiq.kernels.numba.elements import element_code
+from dynamiq.kernels.numba.elements import draw_uniform, element_code
 from dynamiq.kernels.tables import (
     FAMILY_CHAIN,
     FAMILY_FLOAT,
@@ -54,9 +54,11 @@ def _probe(mags: np.ndarray) -> np.ndarray:
 @nb.njit(cache=False)
 def _codes(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias, emode, u0, out):
     for i in range(y.size):
-        # emode NEAREST ignores the keys; STOCHASTIC draws from them (the same for every family)
-        out[i] = element_code(y[i], etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant,
-                              bias, emode, u0, 7, 0, 0, 0, 1, i, False)
+        # emode NEAREST ignores the uniform; STOCHASTIC rounds with it (the same for every
+        # family)
+        u = draw_uniform(emode, u0, 7, 0, 0, 0, 1, i, False)
+        out[i] = element_code(y[i], u, etab, enfin, lut, lshift, lkey0, llen, mbits, family,
+                              mant, bias, emode)
 
 
 def _run(fmt, family: int, emode: int, y: np.ndarray) -> np.ndarray:

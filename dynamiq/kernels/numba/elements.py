@@ -181,8 +181,8 @@ def float_bracket(a, mant, bias):
 
 
 @nb.njit(inline="always", cache=True)
-def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias, emode,
-                 k0, k1, p0, p1, rank, world, gidx, pow2):
+def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias,
+                 emode):
     """Sign-magnitude code (uint32) of the normalised value ``y = (x * pre) * inv``.
 
     ``|y|`` equals ``|x * pre| * inv`` bit for bit (float32 products are sign-symmetric), so
@@ -190,13 +190,11 @@ def element_code(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, 
     ``family`` (a literal, see :func:`dynamiq.kernels.tables.element_family`) picks how the
     levels are searched: 1 minifloat arithmetic, 2 integer levels, 3 compares against every
     level (small tables), 0 the bucket lookup (any table). All give the table search's bits;
-    the first three keep the element loop free of gathers. ``pow2``: see
-    :func:`draw_uniform`.
+    the first three keep the element loop free of gathers. ``u`` is the element's uniform
+    (:func:`draw_uniform`; unused when rounding to nearest), drawn by the caller in a loop of
+    its own.
     """
     a = abs(y)
-    u = np.float32(0.0)
-    if emode != NEAREST:
-        u = draw_uniform(emode, k0, k1, p0, p1, rank, world, gidx, pow2)
     if family == 0:
         lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
         m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
