@@ -68,3 +68,14 @@ def test_wire_values_equal_the_reference_backend():
 def test_unknown_op_is_refused():
     with pytest.raises(ValueError, match="block statistics"):
         NUMBA.block_statistics(torch.ones(4), [("median", 2)])
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 1000, 70001])
+def test_sums_asked_with_centred_sums_are_those_asked_alone(n):
+    """A block sum and a centred sum of squares of one block size share a pass; each has the bits
+    of its own pass (NaN, Inf and a partial last block included)."""
+    y = awkward_statistics_vector(5)[:n].contiguous() if n <= 1000 else torch.randn(n) * 1e3
+    together = NUMBA.block_statistics(y, [("sum", 256), ("absmax", 32), ("csumsq", 256)])
+    for key in (("sum", 256), ("csumsq", 256), ("absmax", 32)):
+        alone = NUMBA.block_statistics(y, [key])[key]
+        assert torch.equal(together[key].view(torch.int64), alone.view(torch.int64)), key
