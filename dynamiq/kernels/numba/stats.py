@@ -29,6 +29,21 @@ _SUM, _SUMSQ, _ABSMAX, _CSUMSQ = range(4)
 assert STAT_OPS == ("sum", "sumsq", "absmax", "csumsq")
 
 
+@nb.njit(inline="always", cache=True)
+def _sum_csumsq(y, lo, hi, block):  # pragma: no cover - compiled
+    """The float64 sum of ``y[lo:hi]`` in index order, and its sum of squares about the block's
+    own mean, the zero padding to ``block`` included (as the definition reads)."""
+    s = 0.0
+    for i in range(lo, hi):
+        s += np.float64(y[i])
+    mean = s / block
+    q = 0.0
+    for i in range(lo, hi):
+        v = np.float64(y[i]) - mean
+        q += v * v
+    return s, q + (block - (hi - lo)) * (mean * mean)
+
+
 @nb.njit(parallel=True, cache=True)
 def _stats(y, block, op, out):  # pragma: no cover - compiled
     n = y.size
@@ -58,16 +73,7 @@ def _stats(y, block, op, out):  # pragma: no cover - compiled
                 s += v * v
             out[b] = s
         else:
-            # about the block's own mean, the zero padding included (as the definition reads)
-            s = 0.0
-            for i in range(lo, hi):
-                s += np.float64(y[i])
-            mean = s / block
-            q = 0.0
-            for i in range(lo, hi):
-                v = np.float64(y[i]) - mean
-                q += v * v
-            out[b] = q + (block - (hi - lo)) * (mean * mean)
+            out[b] = _sum_csumsq(y, lo, hi, block)[1]
 
 
 @nb.njit(parallel=True, cache=True)
@@ -77,17 +83,7 @@ def _sum_and_csumsq(y, block, sums, out):  # pragma: no cover - compiled
     n = y.size
     for b in nb.prange(out.size):
         lo = b * block
-        hi = min(lo + block, n)
-        s = 0.0
-        for i in range(lo, hi):
-            s += np.float64(y[i])
-        sums[b] = s
-        mean = s / block
-        q = 0.0
-        for i in range(lo, hi):
-            v = np.float64(y[i]) - mean
-            q += v * v
-        out[b] = q + (block - (hi - lo)) * (mean * mean)
+        sums[b], out[b] = _sum_csumsq(y, lo, min(lo + block, n), block)
 
 
 def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
