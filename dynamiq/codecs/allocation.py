@@ -8,9 +8,9 @@ super-group the width minimising ``E_j v(w) + λ c(w)``, monotone in the one fre
 of its options have thresholds ``E_j · Δv / Δc`` (the ``λ`` at which the rule starts to take
 them), and taking upgrades in decreasing threshold order until the first that does not fit
 gives the rule's allocation at the largest ``λ`` that fits, with the leftover settled greedily.
-The threshold where the budget runs out is found by a weighted quickselect, in time linear in
-the number of super-groups, and the budget holds exactly (never exceeded; the leftover is less
-than the upgrade that did not fit).
+The threshold where the budget runs out is found by a bisection on ``log2 λ`` over the
+super-groups sorted once by energy (each step a binary search per upgrade), and the budget
+holds exactly (never exceeded; the leftover is less than the upgrade that did not fit).
 
 Two error models:
 
@@ -28,7 +28,7 @@ import numpy as np
 
 __all__ = ["WidthOption", "allocate", "lagrangian_choice"]
 
-#: Below this many candidate upgrades the quickselect stops and the rest are sorted.
+#: Below this many upgrades inside the bracket the bisection stops and the rest are sorted.
 _FEW = 64
 
 
@@ -161,44 +161,41 @@ class _Upgrades:
         return np.array([np.searchsorted(self.cols[:, k], lam, side="right")
                          for k in range(self.cols.shape[1])], dtype=np.int64)
 
-    def spend(self, lam: float) -> float:
-        """Bits of every upgrade whose threshold exceeds ``lam``."""
-        n = self.rows.size
-        return float(((n - self._cuts(lam)) * self.col_cost).sum()
+    def spend(self, lam: float, cuts: np.ndarray | None = None) -> float:
+        """Bits of every upgrade whose threshold exceeds ``lam`` (``cuts``: its
+        :meth:`_cuts`, when already at hand)."""
+        cuts = self._cuts(lam) if cuts is None else cuts
+        return float(((self.rows.size - cuts) * self.col_cost).sum()
                      + self.xc[self.xt > lam].sum())
-
-    def between(self, lo: float, hi: float) -> int:
-        """Upgrades with thresholds in ``(lo, hi]``."""
-        return int((self._cuts(hi) - self._cuts(lo)).sum()
-                   + ((self.xt > lo) & (self.xt <= hi)).sum())
 
     def take(self, left: float) -> tuple[np.ndarray, float]:
         """Per super-group, how many upgrades the greedy takes (in decreasing threshold order,
         ties by super-group then along the hull, each while it fits, until the first that does
         not), and the threshold of that first one (``-inf`` when all are taken)."""
-        # the smallest and largest positive thresholds: a column's ends, the listed ones'
-        first = [float(c[np.searchsorted(c, 0.0, side="right")]) for c in self.cols.T
-                 if c.size and c[-1] > 0]
-        first += [float(t) for t in self.xt[self.xt > 0]]
-        top = [float(c[-1]) for c in self.cols.T if c.size] + [float(t) for t in self.xt]
-        lo, hi = 0.0, max([0.0, *top])
-        if self.spend(0.0) <= left:
-            hi = 0.0  # every upgrade worth anything fits
-        else:
-            lo = min(first) / 2
+        lo = hi = 0.0
+        cut_lo = cut_hi = self._cuts(0.0)
+        if self.spend(0.0, cut_lo) > left:
+            # the smallest and largest positive thresholds: a column's ends, the listed ones'
+            first = [float(c[np.searchsorted(c, 0.0, side="right")]) for c in self.cols.T
+                     if c.size and c[-1] > 0]
+            first += [float(t) for t in self.xt[self.xt > 0]]
+            top = [float(c[-1]) for c in self.cols.T if c.size] + [float(t) for t in self.xt]
+            lo, hi = min(first) / 2, max(top)
+            cut_lo, cut_hi = self._cuts(lo), self._cuts(hi)
             # bisection on log2 λ: spend(lo) > left >= spend(hi)
-            while self.between(lo, hi) > _FEW:
+            while (cut_hi - cut_lo).sum() + ((self.xt > lo) & (self.xt <= hi)).sum() > _FEW:
                 mid = float(np.exp2(0.5 * (np.log2(lo) + np.log2(hi))))
                 if not lo < mid < hi:
                     break  # the rest tie: walked in order below
-                if self.spend(mid) <= left:
-                    hi = mid
+                cut_mid = self._cuts(mid)
+                if self.spend(mid, cut_mid) <= left:
+                    hi, cut_hi = mid, cut_mid
                 else:
-                    lo = mid
-        left -= self.spend(hi)
+                    lo, cut_lo = mid, cut_mid
+        # (hi = 0 when every upgrade worth anything fits)
+        left -= self.spend(hi, cut_hi)
         # every upgrade above hi is taken: per column a suffix of the sorted positions
         ups = np.zeros(self.size, dtype=np.int64)
-        cut_hi, cut_lo = self._cuts(hi), self._cuts(lo)
         ups[self.rows] = np.searchsorted(cut_hi, np.arange(self.rows.size), side="right")
         above = self.xt > hi
         np.add.at(ups, self.xj[above], 1)

@@ -336,7 +336,7 @@ def _walk(energy, options, budget, costs):
 @given(st.lists(_energy, min_size=1, max_size=300), _option_sets, st.floats(0.02, 0.98),
        st.sampled_from(["same", "partial", "excluded"]))
 def test_allocation_is_the_threshold_ordered_walk_of_all_upgrades(energies, options, frac, rows):
-    """The quickselect over sorted columns takes exactly the upgrades that sorting all of them
+    """The bisection over sorted columns takes exactly the upgrades that sorting all of them
     and walking the list takes (long vectors exercise the search, equal energies its ties, a
     partial last super-group and excluded options the listed rows)."""
     e = np.array(energies * (1 + 2000 // len(energies)))[:2000] if len(energies) > 200 else \
