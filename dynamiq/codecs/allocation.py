@@ -28,6 +28,8 @@ import numpy as np
 
 __all__ = ["WidthOption", "allocate", "lagrangian_choice"]
 
+#: Weights of the cost rows' keys (:func:`_row_classes`); fixed so every rank groups alike.
+_ROW_KEY = 1.0 + np.random.default_rng(0x5EED).random(64)
 #: Below this many upgrades inside the bracket the bisection stops and the rest are sorted.
 _FEW = 64
 
@@ -106,42 +108,61 @@ def _hull_path(err: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _row_classes(cost: np.ndarray) -> list[np.ndarray]:
-    """Super-groups grouped by identical cost rows (all but a partial last one share row 0)."""
-    common = (cost == cost[0]).all(axis=1)
-    classes = [np.nonzero(common)[0]]
-    for j in np.nonzero(~common)[0]:
-        for i, js in enumerate(classes):
-            if np.array_equal(cost[js[0]], cost[j]):
-                classes[i] = np.append(js, j)
-                break
-        else:
-            classes.append(np.array([j]))
-    return classes
+    """Super-groups grouped by identical cost rows, each class's rows increasing (a plain
+    call has one class, or two with a partial last super-group; a per-hop allocation has one
+    per hop weight)."""
+    # rows are keyed by a fixed random projection (excluded options as -1: costs are
+    # positive), sorted once; a key shared by different rows falls back to an exact comparison
+    marked = np.where(np.isinf(cost), -1.0, cost)
+    key = marked @ _ROW_KEY[: cost.shape[1]]
+    _, inverse = np.unique(key, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.flatnonzero(np.diff(inverse[order])) + 1
+    classes = np.split(order, bounds)
+    if all((marked[c] == marked[c[0]]).all() for c in classes):
+        return classes
+    _, inverse = np.unique(marked, axis=0, return_inverse=True)
+    order = np.argsort(inverse.reshape(-1), kind="stable")
+    bounds = np.flatnonzero(np.diff(inverse.reshape(-1)[order])) + 1
+    return np.split(order, bounds)
+
+
+@dataclass
+class _Block:
+    """The super-groups of one large cost class, sorted by energy: each upgrade's thresholds
+    form a sorted column, so "how many exceed ``λ``" is a binary search."""
+
+    rows: np.ndarray  # int64 [r], super-group indices by increasing energy
+    cols: np.ndarray  # float64 [r, h], thresholds, ascending down each column
+    col_cost: np.ndarray  # float64 [h], each upgrade's cost
+    common: np.ndarray  # int64 [h + 1], the option of every hull vertex
+
+    def cuts(self, lam: float) -> np.ndarray:
+        """Per column, the first sorted position whose threshold exceeds ``lam``."""
+        return np.array([np.searchsorted(self.cols[:, k], lam, side="right")
+                         for k in range(self.cols.shape[1])], dtype=np.int64)
 
 
 class _Upgrades:
     """Every super-group's hull upgrades, with their thresholds ``E_j · Δv / Δc``.
 
-    The super-groups of the largest cost class are kept sorted by energy, so the thresholds of
-    each of their upgrades form a sorted column and "how many exceed ``λ``" is a binary
-    search; the few others (a partial last super-group) are listed one upgrade at a time.
+    Cost classes of more than :data:`_FEW` super-groups are :class:`_Block` s of sorted
+    columns; the few others (a partial last super-group) are listed one upgrade at a time.
     """
 
     def __init__(self, e: np.ndarray, err: np.ndarray, cost: np.ndarray) -> None:
         classes = _row_classes(cost)
         self.size = cost.shape[0]
         big = max(range(len(classes)), key=lambda i: classes[i].size)
+        self.blocks: list[_Block] = []
         self.vertices: dict[int, np.ndarray] = {}
         ts, js, ks, cs = [], [], [], []
         for i, rows in enumerate(classes):
             v, derr, dcost = _hull_path(err, cost[rows[0]])
-            if i == big:
+            if i == big or rows.size > _FEW:
                 order = rows[np.argsort(e[rows])]  # ties: any order (walked by index below)
-                self.rows = order
-                # thresholds ascend down each column (monotone in the energy)
-                self.cols = (e[order][:, None] * derr[None, :]) / dcost[None, :]
-                self.col_cost = dcost
-                self.common = v
+                self.blocks.append(_Block(order, (e[order][:, None] * derr[None, :])
+                                          / dcost[None, :], dcost, v))
             else:
                 for j in rows:
                     self.vertices[int(j)] = v
@@ -156,17 +177,19 @@ class _Upgrades:
         self.xt, self.xj = cat(ts, np.float64), cat(js, np.int64)
         self.xk, self.xc = cat(ks, np.int64), cat(cs, np.float64)
 
-    def _cuts(self, lam: float) -> np.ndarray:
-        """Per column, the first sorted position whose threshold exceeds ``lam``."""
-        return np.array([np.searchsorted(self.cols[:, k], lam, side="right")
-                         for k in range(self.cols.shape[1])], dtype=np.int64)
+    def _cuts(self, lam: float) -> list[np.ndarray]:
+        return [b.cuts(lam) for b in self.blocks]
 
-    def spend(self, lam: float, cuts: np.ndarray | None = None) -> float:
+    def spend(self, lam: float, cuts: list[np.ndarray] | None = None) -> float:
         """Bits of every upgrade whose threshold exceeds ``lam`` (``cuts``: its
         :meth:`_cuts`, when already at hand)."""
         cuts = self._cuts(lam) if cuts is None else cuts
-        return float(((self.rows.size - cuts) * self.col_cost).sum()
+        return float(sum(((b.rows.size - c) * b.col_cost).sum()
+                         for b, c in zip(self.blocks, cuts))
                      + self.xc[self.xt > lam].sum())
+
+    def _between(self, cut_lo: list[np.ndarray], cut_hi: list[np.ndarray]) -> int:
+        return int(sum((h - lo).sum() for lo, h in zip(cut_lo, cut_hi)))
 
     def take(self, left: float) -> tuple[np.ndarray, float]:
         """Per super-group, how many upgrades the greedy takes (in decreasing threshold order,
@@ -176,14 +199,15 @@ class _Upgrades:
         cut_lo = cut_hi = self._cuts(0.0)
         if self.spend(0.0, cut_lo) > left:
             # the smallest and largest positive thresholds: a column's ends, the listed ones'
-            first = [float(c[np.searchsorted(c, 0.0, side="right")]) for c in self.cols.T
-                     if c.size and c[-1] > 0]
+            cols = [c for b in self.blocks for c in b.cols.T if c.size]
+            first = [float(c[np.searchsorted(c, 0.0, side="right")]) for c in cols if c[-1] > 0]
             first += [float(t) for t in self.xt[self.xt > 0]]
-            top = [float(c[-1]) for c in self.cols.T if c.size] + [float(t) for t in self.xt]
+            top = [float(c[-1]) for c in cols] + [float(t) for t in self.xt]
             lo, hi = min(first) / 2, max(top)
             cut_lo, cut_hi = self._cuts(lo), self._cuts(hi)
             # bisection on log2 λ: spend(lo) > left >= spend(hi)
-            while (cut_hi - cut_lo).sum() + ((self.xt > lo) & (self.xt <= hi)).sum() > _FEW:
+            while (self._between(cut_lo, cut_hi)
+                   + ((self.xt > lo) & (self.xt <= hi)).sum()) > _FEW:
                 mid = float(np.exp2(0.5 * (np.log2(lo) + np.log2(hi))))
                 if not lo < mid < hi:
                     break  # the rest tie: walked in order below
@@ -196,17 +220,19 @@ class _Upgrades:
         left -= self.spend(hi, cut_hi)
         # every upgrade above hi is taken: per column a suffix of the sorted positions
         ups = np.zeros(self.size, dtype=np.int64)
-        ups[self.rows] = np.searchsorted(cut_hi, np.arange(self.rows.size), side="right")
+        for b, ch in zip(self.blocks, cut_hi):
+            ups[b.rows] = np.searchsorted(ch, np.arange(b.rows.size), side="right")
         above = self.xt > hi
         np.add.at(ups, self.xj[above], 1)
         # the upgrades inside (lo, hi], walked in order while they fit
         t, j, k, c = [], [], [], []
-        for col in range(self.cols.shape[1]):
-            p = np.arange(cut_lo[col], cut_hi[col])
-            t.append(self.cols[p, col])
-            j.append(self.rows[p])
-            k.append(np.full(p.size, col))
-            c.append(np.full(p.size, self.col_cost[col]))
+        for b, cl, ch in zip(self.blocks, cut_lo, cut_hi):
+            for col in range(b.cols.shape[1]):
+                p = np.arange(cl[col], ch[col])
+                t.append(b.cols[p, col])
+                j.append(b.rows[p])
+                k.append(np.full(p.size, col))
+                c.append(np.full(p.size, b.col_cost[col]))
         inside = (self.xt > lo) & (self.xt <= hi)
         t.append(self.xt[inside])
         j.append(self.xj[inside])
@@ -227,7 +253,8 @@ class _Upgrades:
     def choice(self, ups: np.ndarray) -> np.ndarray:
         """Option index of every super-group after ``ups`` upgrades."""
         out = np.empty(ups.size, dtype=np.int64)
-        out[self.rows] = self.common[ups[self.rows]]
+        for b in self.blocks:
+            out[b.rows] = b.common[ups[b.rows]]
         for j in np.unique(self.xj):
             out[j] = self.vertices[int(j)][ups[j]]
         return out

@@ -109,6 +109,9 @@ class PartialSumCodec:
             ``compression_factors`` (the schedule's
             :meth:`~dynamiq.topologies.Schedule.compression_factors`), which the executors
             then pass.
+        wants_hop_profile: Whether :meth:`prepare` takes the keyword ``hop_profile`` (the
+            schedule's :meth:`~dynamiq.topologies.Schedule.hop_profile`), which the
+            executors then pass.
     """
 
     block_size: int = 1
@@ -117,6 +120,7 @@ class PartialSumCodec:
     statistics: tuple[str, ...] = ()
     variable_size: bool = False
     wants_compression_factors: bool = False
+    wants_hop_profile: bool = False
     #: Whether every rank's own contribution is rounded once by :meth:`round_own` before any
     #: hop (the executors then call it on every chunk a rank sends or owns), so that the hops
     #: only add values on a shared grid.

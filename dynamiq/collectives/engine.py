@@ -118,8 +118,15 @@ class Plan:
         self.prepared = {}
         for c in self.pipeline.codecs:
             # a codec whose decision models the error of the whole tree gets its shape
-            kw = ({"compression_factors": self.schedule.compression_factors()}
-                  if getattr(c, "wants_compression_factors", False) else {})
+            kw: dict = {}
+            if getattr(c, "wants_compression_factors", False):
+                kw["compression_factors"] = self.schedule.compression_factors()
+            if getattr(c, "wants_hop_profile", False):
+                # the schedule is fixed for the plan's life: its profile is computed once
+                prof = self.__dict__.get("_hop_profile")
+                if prof is None:
+                    prof = self.__dict__["_hop_profile"] = self.schedule.hop_profile()
+                kw["hop_profile"] = prof
             self.prepared[c] = c.prepare(adjusted, self.length, self.world_size,
                                          states.setdefault(c, {}), **kw)
 
@@ -136,7 +143,9 @@ class Plan:
 
     def wire_bytes(self, t: Transfer) -> int:
         """Bytes carried by transfer ``t`` in this call."""
-        return self.codec(t).wire_bytes(self.size(t.chunk), self.context(t.src, t.chunk))
+        # a gathered message is the owner's, forwarded unchanged
+        src = self.schedule.owners[t.chunk] if t.phase == "gather" else t.src
+        return self.codec(t).wire_bytes(self.size(t.chunk), self.context(src, t.chunk))
 
     def active(self, t: Transfer) -> bool:
         """Whether ``t`` carries anything (its chunk is not empty)."""

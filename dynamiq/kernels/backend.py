@@ -224,7 +224,8 @@ class Backend:
         if n == order.numel() * row:
             dst = out.view(-1, row)
             if add:
-                dst.index_add_(0, order, rows)
+                # order is a permutation: read, add, write back (index_add_ runs serially)
+                dst.index_copy_(0, order, dst.index_select(0, order).add_(rows))
             else:
                 dst.index_copy_(0, order, rows)
             return

@@ -187,6 +187,41 @@ class Schedule:
             total += w
         return (ind / total, eq / total) if total > 0 else (1.0, 1.0)
 
+    def hop_profile(self) -> tuple[tuple[int, float, float], ...]:
+        """Where a chunk's messages are compressed and how often each is sent: the shape a
+        per-hop width allocation (DynamiQ's ``per_hop``) weighs.
+
+        Returns:
+            ``(s, coded, sent)`` triples by increasing ``s``: per chunk, how many compressions
+            code a partial sum of ``s`` contributions (:meth:`subtree_sizes`), and how many
+            transfers carry what they code, averaged over the chunks weighted by their share
+            of the vector. A reduce message is sent once; the owner's compression of the whole
+            sum (``s = world_size``) is carried by every all-gather transfer of its chunk. A
+            ring of ``n`` gives ``(s, 1, 1)`` for ``s = 1 … n − 1`` and ``(n, 1, n − 1)``.
+        """
+        coded: dict[int, float] = {}
+        sent: dict[int, float] = {}
+        total = 0.0
+        gathers = [0] * self.num_chunks
+        reduce_from: list[set[int]] = [set() for _ in range(self.num_chunks)]
+        for t in self.transfers:
+            if t.phase == "gather":
+                gathers[t.chunk] += 1
+            else:
+                reduce_from[t.chunk].add(t.src)
+        for c, w in enumerate(self.chunk_weights):
+            if w <= 0:
+                continue
+            sizes = self.subtree_sizes(c)
+            total += w
+            top = sizes[self.owners[c]]
+            for s, k in [(sizes[r], 1) for r in reduce_from[c]] + [(top, gathers[c])]:
+                coded[s] = coded.get(s, 0.0) + w
+                sent[s] = sent.get(s, 0.0) + w * k
+        if total <= 0:
+            return ()
+        return tuple((s, coded[s] / total, sent[s] / total) for s in sorted(coded))
+
     def depth(self, chunk: int) -> int:
         """Height of chunk ``chunk``'s aggregation tree: the most edges from any rank to the owner.
 

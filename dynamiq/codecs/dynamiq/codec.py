@@ -7,6 +7,7 @@ spec strings; the mechanics live in the sibling modules (options, plan, segments
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dynamiq.codecs.base import (
     hop_backend,
 )
 from dynamiq.codecs.dynamiq.errors import width_options
+from dynamiq.codecs.dynamiq.hops import hop_plans, ring_profile
 from dynamiq.codecs.dynamiq.options import (
     CodingOption,
     build_options,
@@ -117,6 +119,14 @@ class DynamiQ(PartialSumCodec):
         max_bits: With a ``target``, the largest budget a call may choose (bits per
             coordinate, metadata included); ``None``: as many as the most accurate option
             costs.
+        per_hop: Allocate the options per hop as well as per super-group
+            (:mod:`~dynamiq.codecs.dynamiq.hops`): a partial sum of ``s`` contributions is
+            coded under the plan of ``s``, so early hops of a reduce chain are narrower than
+            late ones and the owner's message (sent by every all-gather transfer) is narrow,
+            at the same budget. A hop whose incoming and outgoing plans differ decodes, adds
+            and codes again instead of the fused recompress. ``False``: one plan for every
+            hop (options never change along the path, the paper's). A ``target`` budget and
+            vectors shorter than :data:`SHORT_LENGTH` use one plan.
 
     Raises:
         ValueError: a value out of range, or ``bits`` below what the cheapest option costs
@@ -140,6 +150,7 @@ class DynamiQ(PartialSumCodec):
     super_scale: str = "bf16"
     target: float | str | None = None
     max_bits: float | None = None
+    per_hop: bool = True
 
     block_size = SUPER_GROUP
 
@@ -172,6 +183,8 @@ class DynamiQ(PartialSumCodec):
                 raise ValueError(f"max_bits must be a positive number or None, got {mb!r}")
             mb = float(mb)
         object.__setattr__(self, "max_bits", mb)
+        if not isinstance(self.per_hop, bool):
+            raise TypeError(f"per_hop must be a bool, got {self.per_hop!r}")
         object.__setattr__(self, "group_size", normalise_group_sizes(self.group_size))
         # pure arithmetic on the options' sizes: no quantizer runs here
         floor = (min(self._option_bits) * 1024 + self._meta_bits(1024 * SUPER_GROUP)) / (
@@ -237,6 +250,11 @@ class DynamiQ(PartialSumCodec):
         return self.target is not None
 
     @property
+    def wants_hop_profile(self) -> bool:  # type: ignore[override]
+        """Whether :meth:`prepare` reads the schedule's hop profile (a per-hop allocation)."""
+        return self.per_hop and self.target is None and self.variable
+
+    @property
     def variable(self) -> bool:
         """Whether options are allocated per super-group (more than one width or group size)."""
         return len(self.options) > 1
@@ -262,7 +280,8 @@ class DynamiQ(PartialSumCodec):
 
     # ---- the per-call decision ------------------------------------------------------------
     def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
-                state: dict, *, compression_factors: tuple[float, float] | None = None
+                state: dict, *, compression_factors: tuple[float, float] | None = None,
+                hop_profile: tuple[tuple[int, float, float], ...] | None = None
                 ) -> WidthPlan:
         """The option of every super-group of the ``length``-long vector.
 
@@ -278,12 +297,16 @@ class DynamiQ(PartialSumCodec):
                 :meth:`~dynamiq.topologies.Schedule.compression_factors` (the executors pass
                 them); ``None``: a ring's of ``world_size`` ranks. Only a :attr:`target`
                 reads them.
+            hop_profile: The schedule's :meth:`~dynamiq.topologies.Schedule.hop_profile`
+                (the executors pass it when :attr:`wants_hop_profile`); ``None``: a ring's
+                of ``world_size`` ranks.
 
         Returns:
             The :class:`WidthPlan`: the allocation of
             :func:`~dynamiq.codecs.allocation.allocate` under ``bits * length`` minus the whole
             metadata phase (with a :attr:`target`, the smallest budget whose predicted vNMSE
-            meets it), the same on every rank.
+            meets it), the same on every rank; with :attr:`per_hop`, one plan per hop
+            position (:attr:`WidthPlan.hops`) under that budget per transfer.
         """
         m = -(-length // SUPER_GROUP)
         if not self.variable:
@@ -307,6 +330,11 @@ class DynamiQ(PartialSumCodec):
         costs = self._costs(m, length)
         if self.target is None:
             budget = self.bits * length - meta
+            profile = hop_profile if hop_profile is not None else ring_profile(world_size)
+            if (self.per_hop and len(profile) > 1 and length >= SHORT_LENGTH
+                    and float(costs.min(axis=1).sum()) < budget):
+                return hop_plans(energy, self.width_options, budget, costs, profile,
+                                 self._option_widths, state)
             choice = self._choose(energy, budget, costs, length, state)
         else:
             choice, budget = targeted_choice(self, energy, costs, length,
@@ -365,6 +393,8 @@ class DynamiQ(PartialSumCodec):
             position = np.arange(sgs, dtype=np.int64) + off // SUPER_GROUP
             return chunk_layout(choice, position, n, self.options)
         wp = self.plan_in(ctx)
+        if wp is not None:
+            wp = wp.for_summands(ctx.summands)
         if wp is None:
             raise ValueError(
                 "the dynamiq codec needs the call's width plan: run it inside a pipeline "
@@ -436,14 +466,14 @@ class DynamiQ(PartialSumCodec):
 
     def decompress(self, data, out, ctx=None):
         """Decode into ``out`` (float32 ``[n]``); dithered widths use ``ctx.producer``'s keys."""
-        lay = self._layout(out.numel(), ctx)
+        lay = self._layout(out.numel(), None if ctx is None else ctx.producer)
         be = hop_backend(ctx, out)
         scatter(self._decode_gathered(data, lay, ctx, be), out, lay, add=False, backend=be)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 addition per coordinate)."""
-        lay = self._layout(acc.numel(), ctx)
+        lay = self._layout(acc.numel(), None if ctx is None else ctx.producer)
         be = hop_backend(ctx, acc)
         scatter(self._decode_gathered(data, lay, ctx, be), acc, lay, add=True, backend=be)
 
@@ -452,6 +482,16 @@ class DynamiQ(PartialSumCodec):
         wb = check_writeback(writeback).name.lower()
         _check_chunk(acc, "accumulator")
         lay = self._layout(acc.numel(), ctx)
+        if self._layout(acc.numel(), ctx.producer) is not lay:
+            # the message was coded under another hop's plan (per_hop): decode and add, then
+            # code under this hop's; the sum is formed on a copy unless it is written back
+            work = acc if wb != "none" else acc.clone()
+            self.decompress_accumulate(data, work, ctx)
+            own = dataclasses.replace(ctx, source=None)
+            out = self.compress(work, own, out)
+            if wb == "decoded":
+                self.decompress(out, acc, own)
+            return out
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
         be = hop_backend(ctx, acc)

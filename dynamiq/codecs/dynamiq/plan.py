@@ -33,13 +33,19 @@ class WidthPlan:
         widths: The width of every option, in option order (by wire cost; a width repeats
             when it is offered with several group sizes).
         budget_bits: Bits the allocation was given (budget minus metadata).
-        used_bits: Bits the chosen widths cost on the wire, for the whole vector.
+        used_bits: Bits the chosen widths cost on the wire, for the whole vector (with
+            :attr:`hops`, averaged over the transfers as the budget is).
+        hops: With a per-hop allocation, the plan of the messages coded from partial sums of
+            ``s`` contributions, by ``s`` (:attr:`HopContext.summands
+            <dynamiq.codecs.HopContext.summands>`); ``choice`` is then the owner's (the whole
+            sum's). ``None``: one plan for every hop.
     """
 
     choice: np.ndarray
     widths: tuple[int, ...]
     budget_bits: float
     used_bits: float
+    hops: dict[int, WidthPlan] | None = None
     _layouts: dict = field(default_factory=dict, repr=False)
     position: np.ndarray = field(init=False, repr=False)
 
@@ -49,6 +55,13 @@ class WidthPlan:
         order = np.argsort(self.choice, kind="stable")
         self.position = np.empty_like(order)
         self.position[order] = np.arange(order.size)
+
+    def for_summands(self, summands: int) -> WidthPlan:
+        """The plan of a message coded from a partial sum of ``summands`` contributions (this
+        plan itself without :attr:`hops`, or for a count it has no plan of)."""
+        if self.hops is None:
+            return self
+        return self.hops.get(summands, self)
 
     def histogram(self) -> dict[int, float]:
         """Fraction of super-groups at each width (summed over its group sizes)."""
