@@ -199,9 +199,6 @@ class Schedule:
             sum (``s = world_size``) is carried by every all-gather transfer of its chunk. A
             ring of ``n`` gives ``(s, 1, 1)`` for ``s = 1 … n − 1`` and ``(n, 1, n − 1)``.
         """
-        coded: dict[int, float] = {}
-        sent: dict[int, float] = {}
-        total = 0.0
         gathers = [0] * self.num_chunks
         reduce_from: list[set[int]] = [set() for _ in range(self.num_chunks)]
         for t in self.transfers:
@@ -209,18 +206,27 @@ class Schedule:
                 gathers[t.chunk] += 1
             else:
                 reduce_from[t.chunk].add(t.src)
+        shapes: list[tuple[float, dict[int, tuple[int, int]]]] = []
         for c, w in enumerate(self.chunk_weights):
             if w <= 0:
                 continue
             sizes = self.subtree_sizes(c)
-            total += w
-            top = sizes[self.owners[c]]
-            for s, k in [(sizes[r], 1) for r in reduce_from[c]] + [(top, gathers[c])]:
-                coded[s] = coded.get(s, 0.0) + w
-                sent[s] = sent.get(s, 0.0) + w * k
-        if total <= 0:
+            shape: dict[int, tuple[int, int]] = {}
+            for s, k in [(sizes[r], 1) for r in reduce_from[c]] + [
+                    (sizes[self.owners[c]], gathers[c])]:
+                a, b = shape.get(s, (0, 0))
+                shape[s] = (a + 1, b + k)
+            shapes.append((w, shape))
+        if not shapes:
             return ()
-        return tuple((s, coded[s] / total, sent[s] / total) for s in sorted(coded))
+        if all(sh == shapes[0][1] for _, sh in shapes):
+            # every chunk has the same tree (rings, butterflies, and their tiles): its counts
+            # exactly, so a tiled schedule weighs its hops like the untiled one, bit for bit
+            return tuple((s, float(a), float(b)) for s, (a, b) in sorted(shapes[0][1].items()))
+        total = sum(w for w, _ in shapes)
+        keys = sorted({s for _, sh in shapes for s in sh})
+        return tuple((s, sum(w * sh.get(s, (0, 0))[0] for w, sh in shapes) / total,
+                      sum(w * sh.get(s, (0, 0))[1] for w, sh in shapes) / total) for s in keys)
 
     def depth(self, chunk: int) -> int:
         """Height of chunk ``chunk``'s aggregation tree: the most edges from any rank to the owner.

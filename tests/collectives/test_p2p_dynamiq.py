@@ -134,15 +134,19 @@ def _wire_bytes(key: str, stats: dict, n: int, d: int) -> list[int]:
     (fresh state, as in a first call), then ``wire_bytes`` of every active transfer."""
     p = get_pipeline(PIPES[key])
     codec = p.codec
-    plan = codec.prepare({k: torch.from_numpy(v) for k, v in stats.items()}, d, n, {})
     sched = p.topology.schedule(n)
+    plan = codec.prepare({k: torch.from_numpy(v) for k, v in stats.items()}, d, n, {},
+                         hop_profile=sched.hop_profile())
     bounds = chunk_bounds(sched.chunk_weights, d, p.block_size)
     sent = [0] * n
     for t in sched.transfers:
         a, b = bounds[t.chunk]
         if b > a:
-            sent[t.src] += codec.wire_bytes(b - a, HopContext(index_offset=a,
-                                                              prepared={codec: plan}))
+            # coded under the plan of the partial sum it carries (the owner's when gathered)
+            coder = sched.owners[t.chunk] if t.phase == "gather" else t.src
+            sent[t.src] += codec.wire_bytes(b - a, HopContext(
+                index_offset=a, prepared={codec: plan},
+                summands=sched.subtree_sizes(t.chunk)[coder]))
     return sent
 
 

@@ -51,8 +51,11 @@ def test_reported_bits_fill_the_budget(budget, topology):
     upgrade = (codec.quantizers[-1].nbytes(SG) - codec.quantizers[0].nbytes(SG)) * 8
     assert res.bits <= budget
     assert budget - res.bits < upgrade / D
-    plan = codec.prepare(res.stats, D, n, {})
-    assert res.bits == (plan.used_bits + res.metadata_bits) / D
+    # the per-hop plans weigh the hops of this topology's schedule
+    plan = codec.prepare(res.stats, D, n, {},
+                         hop_profile=p.topology.schedule(n).hop_profile())
+    assert plan.hops is not None
+    assert res.bits == pytest.approx((plan.used_bits + res.metadata_bits) / D, rel=1e-12)
     # two fp8 statistics per super-group and a shift byte each per rank
     assert res.metadata_bits == 2 * (8 * (D // SG) + 8)
     for r in range(1, n):
@@ -93,8 +96,9 @@ def _padded_agrees(spec: str, x: torch.Tensor) -> tuple[bool, SimulationResult]:
     # d < 256: one partial super-group
     ("dynamiq(widths=(2,4,8,16),bits=8,group_size=32)@ring", 100, {}, [1]),
     # mixed widths in the last chunk (super-groups 6 and 7), the partial one the widest
-    ("dynamiq(bits=4.5,widths=(2,8),group_size=16)@ring", 7 * SG + 100, {5: 30.0, 7: 100.0},
-     [0, 0, 0, 0, 0, 1, 0, 1]),
+    # (one plan for every hop: the per-hop plans of the two lengths may differ)
+    ("dynamiq(bits=4.5,widths=(2,8),group_size=16,per_hop=false)@ring", 7 * SG + 100,
+     {5: 30.0, 7: 100.0}, [0, 0, 0, 0, 0, 1, 0, 1]),
 ])
 def test_partial_last_super_group_codes_like_the_zero_padded_vector(spec, d, scales, widths):
     """A partial super-group is zero-padded inside the codec, so (without centering, whose
@@ -116,12 +120,14 @@ def test_partial_last_super_group_narrower_than_its_chunk_loses_no_coordinates()
     last 156 of super-group 6) come back as exactly 0."""
     d = 7 * SG + 100
     x = by_super_group(4, d, {5: 10.0, 6: 100.0, 7: 0.01}, seed=d)
-    res = simulate("dynamiq(bits=4.75,widths=(2,8),group_size=16)@ring", x)
-    plan = DynamiQ(bits=4.75, widths=(2, 8), group_size=16).prepare(res.stats, d, 4, {})
+    spec = "dynamiq(bits=4.75,widths=(2,8),group_size=16,per_hop=false)@ring"
+    res = simulate(spec, x)
+    plan = DynamiQ(bits=4.75, widths=(2, 8), group_size=16,
+                   per_hop=False).prepare(res.stats, d, 4, {})
     assert plan.choice.tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
     lost = res.results[0, 6 * SG + 100: 7 * SG]
     assert not (lost == 0).all()
-    agree, _ = _padded_agrees("dynamiq(bits=4.75,widths=(2,8),group_size=16)@ring", x)
+    agree, _ = _padded_agrees(spec, x)
     assert agree
 
 

@@ -111,14 +111,18 @@ def test_bytes_sent_is_the_sum_of_each_ranks_messages(topology, n, d):
     p = get_pipeline(f"center+dynamiq(widths=(2,4,8,16),bits=6)@{topology}")
     res = simulate(p, gradients(n, d, seed=6))
     codec = p.codec
-    plan = codec.prepare(res.stats, d, n, {})
     sched = p.topology.schedule(n)
+    plan = codec.prepare(res.stats, d, n, {}, hop_profile=sched.hop_profile())
     bounds = chunk_bounds(sched.chunk_weights, d, p.block_size)
     sent = [0] * n
     for t in sched.transfers:
         a, b = bounds[t.chunk]
         if b > a:
-            ctx = HopContext(index_offset=a, prepared={codec: plan})
+            # a message is coded under the plan of the partial sum it carries: the sender's
+            # subtree in the reduce phase, the owner's whole sum in the gather phase
+            coder = sched.owners[t.chunk] if t.phase == "gather" else t.src
+            ctx = HopContext(index_offset=a, prepared={codec: plan},
+                             summands=sched.subtree_sizes(t.chunk)[coder])
             sent[t.src] += codec.wire_bytes(b - a, ctx)
     assert res.bytes_sent == sent
     assert res.bits_per_coord == [8 * s / d for s in sent]
