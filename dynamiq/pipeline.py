@@ -177,10 +177,10 @@ PIPELINES.register(
 # DynamiQ: the default takes the choices measured best at equal bits (widths 2-8, error model
 # measured per width, tuned ε, groups of 32, dithered decoding, 8-bit metadata); "dynamiq-paper"
 # keeps the paper's exact choices (widths {2, 4, 8}, 4^-w error model, ε from the authors'
-# range, groups of 16, BF16 metadata, no dithering).
+# range, groups of 16, BF16 metadata, no dithering, one width plan for every hop).
 # Both centre through the metadata phase and spend 5 bits/coordinate.
 _PAPER = DynamiQ(widths=(2, 4, 8), allocator="paper", eps=(0.25, 0.19, 0.09), group_size=16,
-                 dither=False, metadata="bf16")
+                 dither=False, metadata="bf16", per_hop=False)
 _CENTER_BF16 = Center(statistic="sum")
 PIPELINES.register("dynamiq", Pipeline(DynamiQ(), "ring", transforms=(Center(),)))
 PIPELINES.register("dynamiq-butterfly", Pipeline(DynamiQ(), "butterfly", transforms=(Center(),)))

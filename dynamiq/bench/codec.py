@@ -80,10 +80,12 @@ def _dynamiq_hop_row(n: int, copy: float, threads: int, repeat: int) -> dict:
     data = codec.compress(ys[1][a:b], plan.context(1, 0))
     ctx = dataclasses.replace(plan.context(0, 0), source=plan.context(1, 0))
     acc = ys[0][a:b].clone()
-    out = torch.empty_like(data)
+    # rank 0 receives rank 1's leaf message and sends its own partial sum, coded under its own
+    # hop's plan (per-hop widths: the two messages may differ in size)
+    out = torch.empty(codec.wire_bytes(m, plan.context(0, 0)), dtype=torch.uint8)
     t = best_time(lambda: codec.decompress_accumulate_recompress(data, acc, ctx, out=out,
                                                                  writeback="none"), repeat)
-    pb = data.numel()
+    pb = (data.numel() + out.numel()) / 2
     return _row(f"{HOP_PIPELINE} hop", 8.0 * pb / m, m, copy, threads, {"recompress": t},
                 {"recompress": 2 * pb + 4 * m})
 

@@ -51,7 +51,7 @@ DEFAULT_METHODS = ("dynamiq", "dynamiq-paper", "bf16", "mxfp8", "mxfp6", "mxfp4"
 #: unbiased pipeline (each coordinate is rounded once per tree height, and roundings along one
 #: path are uncorrelated martingale steps): that step is expected to be neutral there and to help
 #: only on trees with several nodes per height holding similar values.
-_PAPER_META = "dither=false,metadata=bf16"
+_PAPER_META = "dither=false,metadata=bf16,per_hop=false"
 ABLATION: tuple[tuple[str, str], ...] = (
     ("uniform levels",
      "dynamiq(widths=4,levels=uniform,scales=flat,rounding=stochastic,group_size=16,"
@@ -65,9 +65,10 @@ ABLATION: tuple[tuple[str, str], ...] = (
     ("+ correlated rounding", f"center(statistic=sum)+dynamiq(group_size=16,{_PAPER_META})"),
     ("+ groups of 32", f"center(statistic=sum)+dynamiq(group_size=32,{_PAPER_META})"),
     ("+ dithered decoding",
-     "center(statistic=sum)+dynamiq(group_size=32,metadata=bf16)"),
-    ("+ 8-bit metadata", "center+dynamiq(group_size=32)"),
-    ("+ groups of 32 or 64 (default)", "center+dynamiq"),
+     "center(statistic=sum)+dynamiq(group_size=32,metadata=bf16,per_hop=false)"),
+    ("+ 8-bit metadata", "center+dynamiq(group_size=32,per_hop=false)"),
+    ("+ groups of 32 or 64", "center+dynamiq(per_hop=false)"),
+    ("+ widths per hop (default)", "center+dynamiq"),
 )
 
 #: Variants shown beside the ablation, not steps of it: the paper's path-correlated rounding

@@ -255,8 +255,8 @@ class _Upgrades:
         out = np.empty(ups.size, dtype=np.int64)
         for b in self.blocks:
             out[b.rows] = b.common[ups[b.rows]]
-        for j in np.unique(self.xj):
-            out[j] = self.vertices[int(j)][ups[j]]
+        for j, v in self.vertices.items():  # listed rows, those without upgrades included
+            out[j] = v[ups[j]]
         return out
 
 

@@ -223,8 +223,7 @@ class Backend:
         n = out.numel()
         if n == order.numel() * row:
             dst = out.view(-1, row)
-            if add:
-                # order is a permutation: read, add, write back (index_add_ runs serially)
+            if add:  # order is a permutation: read, add, write (index_add_ runs serially)
                 dst.index_copy_(0, order, dst.index_select(0, order).add_(rows))
             else:
                 dst.index_copy_(0, order, rows)

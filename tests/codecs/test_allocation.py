@@ -355,3 +355,20 @@ def test_allocation_is_the_threshold_ordered_walk_of_all_upgrades(energies, opti
     if np.take_along_axis(costs, np.argmin(costs, 1)[:, None], 1).sum() >= budget:
         return
     assert got.tolist() == _walk(e, options, budget, costs).tolist()
+
+
+def test_a_row_without_upgrades_keeps_its_only_option():
+    """Repro: widths (2, 4, 8, 16) on 1025 coordinates; the partial last super-group's one
+    coordinate is cheapest in BF16 (16 bits against a whole group's scale), which is also its
+    most accurate option, so its hull has no upgrade. Its option was left unwritten (any
+    value, e.g. 9 of 7 options)."""
+    c = DynamiQ(bits=7.0, widths=(2, 4, 8, 16), scales="flat", rounding="stochastic")
+    costs = c._costs(5, 1025)
+    bf16 = c.option_keys.index((16, 0))
+    assert int(np.argmin(costs[-1])) == bf16
+    e = np.random.default_rng(0).random(5)
+    for rows in (1, 2):  # one plan, and two hop positions of a per-hop allocation
+        got = allocate(np.tile(e, rows), c.width_options, rows * (7 * 1025 - 100), {},
+                       np.tile(costs, (rows, 1)))
+        assert got.min() >= 0 and got.max() < len(c.options)
+        assert (got[4::5] == bf16).all()

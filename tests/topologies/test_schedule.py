@@ -89,3 +89,24 @@ def test_text_marks_idle_steps() -> None:
         "    1->0 reduce: 0",
         "  step 1: (idle)",
     ]
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_ring_hop_profile_codes_every_partial_sum_once(n: int) -> None:
+    """A ring's chunk is coded once from each partial sum of 1 … n − 1 contributions, each sent
+    once, and once from the whole sum, which every all-gather transfer carries."""
+    prof = schedule(Ring(), n).hop_profile()
+    assert prof == (*tuple((s, 1.0, 1.0) for s in range(1, n)), (n, 1.0, float(n - 1)))
+
+
+@pytest.mark.parametrize("topology", [Ring(), Butterfly(), Hierarchical(2)])
+def test_hop_profile_counts_every_transfer_and_every_rank(topology) -> None:
+    """Per chunk, the profile's sends are the schedule's transfers of that chunk and its codings
+    are one per rank; the subtree sizes it lists are those of the chunks' trees."""
+    s = schedule(topology, 8)
+    prof = s.hop_profile()
+    assert sum(sent for _, _, sent in prof) == pytest.approx(len(s.transfers) / s.num_chunks)
+    assert sum(coded for _, coded, _ in prof) == pytest.approx(8)
+    sizes = {v for c in range(s.num_chunks) for v in s.subtree_sizes(c)}
+    assert {k for k, _, _ in prof} == sizes
+    assert prof[-1][0] == 8

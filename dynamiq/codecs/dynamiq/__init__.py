@@ -9,8 +9,9 @@ concatenation of one segment per option, in increasing cost order (BF16 first): 
 super-groups are reordered (stably) so that equal options are contiguous, each segment is coded
 by the quantizer of its option (ε-levels, groups of 32 or 64 with UINT8 scales relative to a
 BF16 super-group scale, stochastic scale rounding, correlated element rounding decoded with
-subtractive dithering), and the reorder is undone on decoding. Options never change along the
-path; every hop recomputes the scales from its partial sum.
+subtractive dithering), and the reorder is undone on decoding. Every hop recomputes the scales
+from its partial sum; by default each hop position has its own options
+(:mod:`~dynamiq.codecs.dynamiq.hops`).
 
 Width 16 means "BF16, uncompressed" (round to nearest even, the ``passthrough(wire=bf16)``
 codec's bytes). Width 1 (a sign bit only) is not offered: an unbiased 1-bit code needs signed
@@ -24,6 +25,8 @@ Modules, one job each:
   measured on first use;
 * :mod:`~dynamiq.codecs.dynamiq.plan` — :class:`WidthPlan` and the per-chunk layout (the
   reorder by option);
+* :mod:`~dynamiq.codecs.dynamiq.hops` — the per-hop plans, one allocation over every
+  (super-group, hop position) pair;
 * :mod:`~dynamiq.codecs.dynamiq.segments` — the hop operations on one option's segment;
 * :mod:`~dynamiq.codecs.dynamiq.codec` — the :class:`DynamiQ` codec itself.
 """

@@ -33,7 +33,7 @@ def ring_profile(world_size: int) -> tuple[tuple[int, float, float], ...]:
     n = max(1, int(world_size))
     if n == 1:
         return ()
-    return tuple((s, 1.0, 1.0) for s in range(1, n)) + ((n, 1.0, float(n - 1)),)
+    return (*tuple((s, 1.0, 1.0) for s in range(1, n)), (n, 1.0, float(n - 1)))
 
 
 def hop_plans(energy: np.ndarray, options: list[WidthOption], budget: float,
