@@ -125,8 +125,8 @@ class DynamiQ(PartialSumCodec):
             late ones and the owner's message (sent by every all-gather transfer) is narrow,
             at the same budget. A hop whose incoming and outgoing plans differ decodes, adds
             and codes again instead of the fused recompress. ``False``: one plan for every
-            hop (options never change along the path, the paper's). A ``target`` budget and
-            vectors shorter than :data:`SHORT_LENGTH` use one plan.
+            hop (options never change along the path, the paper's). Vectors shorter than
+            :data:`SHORT_LENGTH` use one plan.
 
     Raises:
         ValueError: a value out of range, or ``bits`` below what the cheapest option costs
@@ -252,7 +252,7 @@ class DynamiQ(PartialSumCodec):
     @property
     def wants_hop_profile(self) -> bool:  # type: ignore[override]
         """Whether :meth:`prepare` reads the schedule's hop profile (a per-hop allocation)."""
-        return self.per_hop and self.target is None and self.variable
+        return self.per_hop and self.variable
 
     @property
     def variable(self) -> bool:
@@ -328,18 +328,23 @@ class DynamiQ(PartialSumCodec):
         declared = set(self.statistics) | {k for k in stats if k in STATISTICS}
         meta = metadata_bits(sorted(declared), length)
         costs = self._costs(m, length)
+        profile = hop_profile if hop_profile is not None else ring_profile(world_size)
         if self.target is None:
-            budget = self.bits * length - meta
-            profile = hop_profile if hop_profile is not None else ring_profile(world_size)
-            if (self.per_hop and len(profile) > 1 and length >= SHORT_LENGTH
-                    and float(costs.min(axis=1).sum()) < budget):
-                return hop_plans(energy, self.width_options, budget, costs, profile,
-                                 self._option_widths, state)
-            choice = self._choose(energy, budget, costs, length, state)
-        else:
-            choice, budget = targeted_choice(self, energy, costs, length,
-                                             meta + self.metadata_bits(length), stats,
-                                             world_size, state, compression_factors)
+            return self._allocate(energy, self.bits * length - meta, costs, length, profile,
+                                  state)
+        return targeted_choice(self, energy, costs, length, meta + self.metadata_bits(length),
+                               stats, world_size, state, compression_factors, profile)
+
+    def _allocate(self, energy: np.ndarray, budget: float, costs: np.ndarray, length: int,
+                  profile: tuple[tuple[int, float, float], ...], state: dict) -> WidthPlan:
+        """The plan(s) of ``budget`` bits per transfer (metadata excluded): per hop position
+        with :attr:`per_hop` (on a schedule of more than one position, a vector of at least
+        :data:`SHORT_LENGTH` coordinates and a budget above the cheapest option), else one."""
+        if (self.per_hop and len(profile) > 1 and length >= SHORT_LENGTH
+                and float(costs.min(axis=1).sum()) < budget):
+            return hop_plans(energy, self.width_options, budget, costs, profile,
+                             self._option_widths, state)
+        choice = self._choose(energy, budget, costs, length, state)
         used = float(np.take_along_axis(costs, choice[:, None], 1).sum())
         return WidthPlan(choice, self._option_widths, budget, used)
 

@@ -79,8 +79,22 @@ def test_per_hop_must_be_a_bool():
         DynamiQ(per_hop="yes")
 
 
-def test_a_target_budget_and_one_option_use_one_plan():
-    assert not DynamiQ(target=1e-3).wants_hop_profile
+def test_one_option_or_per_hop_false_use_one_plan():
+    assert DynamiQ(target=1e-3).wants_hop_profile
     assert not DynamiQ(widths=4, group_size=32).wants_hop_profile
     assert not DynamiQ(per_hop=False).wants_hop_profile
     assert DynamiQ().wants_hop_profile
+
+
+def test_a_target_budget_predicts_the_per_hop_plans():
+    """With a target the budget search allocates per hop too; the prediction it reports is the
+    model's for those plans, and it meets the target (budget permitting)."""
+    x = gradients(8, 128 * SG, seed=5, rho=0.0)
+    res = simulate("center+dynamiq(target=0.002)@ring", x)
+    p = get_pipeline("center+dynamiq(target=0.002)@ring")
+    state: dict = {}
+    plan = p.codec.prepare(res.stats, x.shape[1], 8, state,
+                           hop_profile=p.topology.schedule(8).hop_profile())
+    assert plan.hops is not None
+    assert state["predicted_vnmse"] <= 0.002
+    assert 0.5 * 0.002 < res.vnmse < 2 * 0.002

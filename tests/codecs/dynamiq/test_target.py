@@ -137,3 +137,22 @@ def test_target_mode_respects_max_bits_and_agrees_with_the_fixed_budget():
     fixed = Pipeline(dataclasses.replace(capped.codec, target=None, max_bits=None, bits=b),
                      "ring")
     assert math.isclose(simulate(fixed, x, track_hops=False).bits, r.bits, abs_tol=0.02)
+
+
+def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
+    """With one plan and tiny errors the children's error is negligible: the tree's error is
+    ``v c E`` in both regimes (ring of 8: c = 4.5 and n · 3.19); with ``v = 1`` at the leaves
+    of a chain it compounds."""
+    from dynamiq.codecs.dynamiq import WidthPlan
+    from dynamiq.codecs.dynamiq.hops import ring_profile
+    from dynamiq.codecs.dynamiq.target import tree_errors
+
+    e = np.array([1.0, 3.0])
+    plan = WidthPlan(np.zeros(2, dtype=np.int64), (4,), 0.0, 0.0)
+    ind, eq = tree_errors(e, plan, np.array([1e-9]), ring_profile(8), 8)
+    c_ind, c_eq = ring_factors(8)
+    assert ind == pytest.approx(1e-9 * c_ind * 4.0, rel=1e-6)
+    assert eq == pytest.approx(1e-9 * c_eq * 8 * 4.0, rel=1e-6)
+    big, _ = tree_errors(e, plan, np.array([1.0]), ring_profile(3), 3)
+    # A(1) = E/3, A(2) = (2E/3 + A(1)) + A(1) = 4E/3, A(3) = (E + A(2)) + A(2) = 11E/3
+    assert big == pytest.approx(11.0 / 3.0 * 4.0)
