@@ -29,7 +29,7 @@ import numpy as np
 __all__ = ["WidthOption", "allocate", "lagrangian_choice"]
 
 #: Weights of the cost rows' keys (:func:`_row_classes`); fixed so every rank groups alike.
-_ROW_KEY = 1.0 + np.random.default_rng(0x5EED).random(64)
+_ROW_KEY = 1.0 + np.random.default_rng(0x5EED).random((2, 64))
 #: Below this many upgrades inside the bracket the bisection stops and the rest are sorted.
 _FEW = 64
 
@@ -111,16 +111,19 @@ def _row_classes(cost: np.ndarray) -> list[np.ndarray]:
     """Super-groups grouped by identical cost rows, each class's rows increasing (a plain
     call has one class, or two with a partial last super-group; a per-hop allocation has one
     per hop weight)."""
-    # rows are keyed by a fixed random projection (excluded options as -1: costs are
-    # positive), sorted once; a key shared by different rows falls back to an exact comparison
+    # rows are keyed by two fixed random projections (excluded options as -1: costs are
+    # positive) and sorted once by the first; rows that share a first key but differ in the
+    # second (distinct rows whose first keys collide) send the grouping to an exact comparison
     marked = np.where(np.isinf(cost), -1.0, cost)
-    key = marked @ _ROW_KEY[: cost.shape[1]]
-    _, inverse = np.unique(key, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.flatnonzero(np.diff(inverse[order])) + 1
-    classes = np.split(order, bounds)
-    if all((marked[c] == marked[c[0]]).all() for c in classes):
-        return classes
+    k = cost.shape[1]
+    if k <= _ROW_KEY.shape[1]:
+        # elementwise products summed along each row: the same operations for equal rows
+        # (a matrix product may round rows differently by where they fall in its blocks)
+        key, check = ((marked * _ROW_KEY[j, :k]).sum(axis=1) for j in (0, 1))
+        order = np.argsort(key, kind="stable")
+        same = np.diff(key[order]) == 0
+        if not (np.diff(check[order]) != 0)[same].any():
+            return np.split(order, np.flatnonzero(~same) + 1)
     _, inverse = np.unique(marked, axis=0, return_inverse=True)
     order = np.argsort(inverse.reshape(-1), kind="stable")
     bounds = np.flatnonzero(np.diff(inverse.reshape(-1)[order])) + 1
