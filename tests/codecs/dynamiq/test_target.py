@@ -156,3 +156,31 @@ def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
     big, _ = tree_errors(e, plan, np.array([1.0]), ring_profile(3), 3)
     # A(1) = E/3, A(2) = (2E/3 + A(1)) + A(1) = 4E/3, A(3) = (E + A(2)) + A(2) = 11E/3
     assert big == pytest.approx(11.0 / 3.0 * 4.0)
+
+
+def test_calibration_sample_weighs_every_nonzero_super_group_alike():
+    """The sample is spread along the energy order of the non-zero super-groups and each is
+    scaled to unit energy: the energy sum counts them, zero super-groups are not sampled, and
+    one huge super-group does not decide the factor."""
+    from dynamiq.codecs.dynamiq.target import (
+        CALIBRATION_ENERGY,
+        CALIBRATION_ERRORS,
+        CALIBRATION_SUPER_GROUPS,
+        calibration_sums,
+    )
+
+    codec = DynamiQ()
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(400 * 256, generator=g)
+    y[: 100 * 256] = 0.0  # a quarter of the super-groups are zero
+    sums = calibration_sums(y, codec.quantizers, 0)
+    assert float(sums[CALIBRATION_ENERGY][0][0]) == pytest.approx(CALIBRATION_SUPER_GROUPS)
+    y2 = y.clone()
+    y2[-256:] *= 1e6  # the most energetic super-group, far above the rest
+    sums2 = calibration_sums(y2, codec.quantizers, 0)
+    ratio = sums2[CALIBRATION_ERRORS][0] / sums[CALIBRATION_ERRORS][0]
+    assert torch.all((ratio > 0.9) & (ratio < 1.1))
+    few = torch.zeros(300 * 256)
+    few[:5 * 256] = torch.randn(5 * 256, generator=g)
+    assert float(calibration_sums(few, codec.quantizers, 0)[CALIBRATION_ENERGY][0][0]) == \
+        pytest.approx(5.0)
