@@ -9,7 +9,7 @@ page's hops (docs/method.rst):
   own vector once, before the schedule starts;
 * **leaf** (no children in the chunk's tree): compresses its local chunk when it sends;
 * **internal node**: ``decompress_accumulate`` for every incoming partial sum but the last,
-  ``decompress_accumulate_recompress`` (fresh scales, same widths) for the last;
+  ``decompress_accumulate_recompress`` (fresh scales, this hop's widths) for the last;
 * **sink** (owner): as an internal node, but the last incoming message is followed by the
   compress-once rule: the owner keeps the decoded copy of exactly the bytes it sends, so every
   rank ends with identical values;

@@ -483,7 +483,8 @@ class DynamiQ(PartialSumCodec):
         scatter(self._decode_gathered(data, lay, ctx, be), acc, lay, add=True, backend=be)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
-        """``compress(acc + decompress(data))`` with fresh scales, options unchanged."""
+        """``compress(acc + decompress(data))`` with fresh scales: the message's options are
+        its producer's hop plan, the result's this hop's (the same with one plan per call)."""
         wb = check_writeback(writeback).name.lower()
         _check_chunk(acc, "accumulator")
         lay = self._layout(acc.numel(), ctx)
