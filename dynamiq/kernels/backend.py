@@ -62,6 +62,9 @@ class Backend:
     #: Whether :meth:`check_device` answers the same for a device type for the process's
     #: lifetime (its answer may then be cached).
     stable: bool = True
+    #: Whether the block kernels take ``rows`` (blocks read and written in place, in any
+    #: order); callers copy the blocks in and out themselves for a backend without.
+    block_rows: bool = False
 
     def check_device(self, device: torch.device) -> None:
         """Raise ``ValueError`` (or ``ImportError``) naming the fix when this backend cannot run
@@ -73,21 +76,31 @@ class Backend:
 
     # ---- block quantization (payloads in the kernels' layout) --------------------------------
     def block_encode(self, code: BlockCode, x: torch.Tensor, rand: RandKeys,
-                     out: torch.Tensor) -> None:
-        """Quantize float32 ``x [n]`` into ``out`` (uint8 ``[code.nbytes(n)]``)."""
+                     out: torch.Tensor, rows: torch.Tensor | None = None,
+                     n: int | None = None) -> None:
+        """Quantize float32 ``x [n]`` into ``out`` (uint8 ``[code.nbytes(n)]``).
+
+        With ``rows`` (int64 block indices, only where :attr:`block_rows`), the ``n``
+        coordinates coded are ``x``'s blocks ``rows[i]`` in that order, the last possibly
+        ``x``'s partial last block; without, ``x``'s first ``n`` (default: all).
+        """
         raise self._missing("block")
 
     def block_decode(self, code: BlockCode, data: torch.Tensor, out: torch.Tensor,
-                     rand: RandKeys, accumulate: bool) -> None:
+                     rand: RandKeys, accumulate: bool, rows: torch.Tensor | None = None,
+                     n: int | None = None) -> None:
         """Decode ``data`` into float32 ``out [n]`` (``out + value`` when ``accumulate``);
-        ``rand`` is the encoder's (a dithered code regenerates its uniforms)."""
+        ``rand`` is the encoder's (a dithered code regenerates its uniforms). ``rows``, ``n``:
+        into ``out``'s blocks ``rows[i]``, as in :meth:`block_encode`."""
         raise self._missing("block")
 
     def block_recompress(self, code: BlockCode, data: torch.Tensor, acc: torch.Tensor,
                          rand: RandKeys, irand: RandKeys, writeback: Writeback,
-                         out: torch.Tensor) -> None:
+                         out: torch.Tensor, rows: torch.Tensor | None = None,
+                         n: int | None = None) -> None:
         """``encode(acc + decode(data, irand), rand)`` into ``out`` (not ``data``); ``acc``
-        afterwards as ``writeback`` says."""
+        afterwards as ``writeback`` says. ``rows``, ``n``: the accumulator is ``acc``'s blocks
+        ``rows[i]``, as in :meth:`block_encode`."""
         raise self._missing("block")
 
     # ---- shared-scale minifloats (LSB-first bit stream of mbits+1-bit codes) ------------------
@@ -205,35 +218,38 @@ class Backend:
 
     # ---- row permutation ----------------------------------------------------------------------
     def gather_rows(self, x: torch.Tensor, order: torch.Tensor, row: int) -> torch.Tensor:
-        """Rows of ``row`` coordinates of ``x`` in the order ``order`` (int64 permutation),
-        zero-padded past ``x``'s end: ``pad(x).view(-1, row).index_select(0, order).view(-1)``.
+        """Rows of ``row`` coordinates of ``x`` in the order ``order`` (int64, distinct row
+        indices: a permutation or a subset), zero-padded past ``x``'s end:
+        ``pad(x).view(-1, row).index_select(0, order).view(-1)``.
         """
-        full = order.numel() * row
-        if x.numel() == full:
-            return x.view(-1, row).index_select(0, order).view(-1)
-        pad = torch.zeros(full, dtype=torch.float32, device=x.device)
-        pad[: x.numel()] = x
-        return pad.view(-1, row).index_select(0, order).view(-1)
+        full = -(-x.numel() // row) * row
+        if x.numel() != full:
+            pad = torch.zeros(full, dtype=torch.float32, device=x.device)
+            pad[: x.numel()] = x
+            x = pad
+        return x.view(-1, row).index_select(0, order).view(-1)
 
     def scatter_rows(self, g: torch.Tensor, order: torch.Tensor, out: torch.Tensor, add: bool,
                      row: int) -> None:
-        """Undo :meth:`gather_rows` into ``out`` (``out + value`` when ``add``), keeping the
-        first ``out.numel()`` coordinates."""
+        """Undo :meth:`gather_rows` into ``out`` (``out + value`` when ``add``): row ``k`` of
+        ``g`` goes to row ``order[k]`` of ``out``, cut at ``out``'s end."""
         rows = g.view(-1, row)
         n = out.numel()
-        if n == order.numel() * row:
-            dst = out.view(-1, row)
-            if add:  # order is a permutation: read, add, write (index_add_ runs serially)
-                dst.index_copy_(0, order, dst.index_select(0, order).add_(rows))
-            else:
-                dst.index_copy_(0, order, rows)
-            return
-        full = torch.zeros(order.numel() * row, dtype=torch.float32, device=out.device)
-        full.view(-1, row).index_copy_(0, order, rows)
-        if add:
-            out.add_(full[:n])
+        whole = n // row
+        if n % row:
+            # the partial last row of ``out`` (at most one of ``order``) takes its first values
+            hit = (order == whole).nonzero()
+            if hit.numel():
+                k = int(hit[0, 0])
+                piece, vals = out[whole * row:], rows[k, : n - whole * row]
+                piece.add_(vals) if add else piece.copy_(vals)
+                keep = order != whole
+                order, rows = order[keep], rows[keep]
+        dst = out[: whole * row].view(-1, row)
+        if add:  # distinct rows: read, add, write (index_add_ runs serially)
+            dst.index_copy_(0, order, dst.index_select(0, order).add_(rows))
         else:
-            out.copy_(full[:n])
+            dst.index_copy_(0, order, rows)
 
     # ---- randomized Hadamard transform ---------------------------------------------------------
     def rht_forward(self, x: torch.Tensor, out: torch.Tensor, block: int, key: tuple[int, int],

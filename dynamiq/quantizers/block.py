@@ -197,6 +197,25 @@ class BlockQuantizer:
         q0, q1 = make_key(seed, *stream, rank, Purpose.SCALE)
         return RandKeys(k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
 
+    def _check_rows(self, rows: torch.Tensor, total: int, device: torch.device) -> int:
+        """Coordinates coded when the blocks ``rows`` of a ``total``-long array are (the last
+        may be the array's partial last block); raises on rows the kernels cannot take."""
+        b = self.block_size
+        if (not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() != 1
+                or rows.numel() == 0 or not rows.is_contiguous()):
+            raise ValueError("rows must be a non-empty contiguous 1-D int64 tensor")
+        if rows.device != device:
+            raise ValueError(f"rows are on {rows.device}, the data on {device}")
+        last = (total - 1) // b  # the array's last block, partial unless total % b == 0
+        lo, hi = int(rows.min()), int(rows.max())
+        if lo < 0 or hi > last:
+            raise ValueError(f"rows must be block indices in [0, {last}], got [{lo}, {hi}]")
+        partial = total % b
+        if partial and rows.numel() > 1 and bool((rows[:-1] == last).any()):
+            raise ValueError("only the last of the rows may be the array's partial last block")
+        n = rows.numel() * b
+        return n - b + partial if partial and int(rows[-1]) == last else n
+
     def _check_out(self, n: int, out: torch.Tensor | None,
                    device: torch.device | None = None) -> None:
         size = self.nbytes(n)
@@ -242,6 +261,7 @@ class BlockQuantizer:
         index_offset: int = 0,
         out: torch.Tensor | None = None,
         backend: str = "auto",
+        rows: torch.Tensor | None = None,
     ) -> Payload:
         """Quantize a vector.
 
@@ -255,6 +275,12 @@ class BlockQuantizer:
             out: Optional preallocated ``uint8`` tensor of ``nbytes(n)`` bytes to write into.
             backend: ``"auto"`` (by ``x``'s device), ``"numba"`` (CPU) or ``"triton"`` (CUDA,
                 or CPU under ``TRITON_INTERPRET=1``); every backend writes the same bytes.
+            rows: Code only some blocks of ``x``, in a given order: int64 block indices
+                (blocks of :attr:`block_size` coordinates), the ``i``-th coded block being
+                ``x[rows[i] * block_size:][:block_size]``; only the last may be ``x``'s partial
+                last block. ``n`` is then the coordinates of those blocks. Equivalent to
+                encoding ``pad(x).view(-1, block_size)[rows].view(-1)[:n]``, without that copy
+                where the backend's kernels read the blocks in place (Numba).
 
         Returns:
             A :class:`Payload` of ``nbytes(n)`` bytes. Decoding it is equivalent to
@@ -262,17 +288,20 @@ class BlockQuantizer:
         """
         x = self._check_input(x)
         be = backend_for(backend, x)
-        n = x.numel()
+        n = x.numel() if rows is None else self._check_rows(rows, x.numel(), x.device)
         self._check_out(n, out, x.device)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
+        if rows is not None and not be.block_rows:
+            x, rows = be.gather_rows(x, rows, self.block_size)[:n], None
+        kw = {} if rows is None else {"rows": rows, "n": n}
         if not self._is_cut(n):
             if out is None:
                 out = torch.empty(self.nbytes(n), dtype=torch.uint8, device=x.device)
-            be.block_encode(self._code, x, rand, out)
+            be.block_encode(self._code, x, rand, out, **kw)
             return Payload(self, n, out)
         # the kernels write whole blocks: encode into their layout, cut it to the wire's
         full = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=x.device)
-        be.block_encode(self._code, x, rand, full)
+        be.block_encode(self._code, x, rand, full, **kw)
         return Payload(self, n, self._compact(full, n, out))
 
     def decode(
@@ -287,6 +316,7 @@ class BlockQuantizer:
         stream: tuple[int, ...] = (),
         index_offset: int = 0,
         backend: str = "auto",
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decode a payload to float32.
 
@@ -297,24 +327,39 @@ class BlockQuantizer:
             seed, rank, world_size, stream, index_offset: The *encoder's* random-number keys
                 (as given to :meth:`encode`); only a :attr:`dither` quantizer uses them.
             backend: ``"auto"`` (by the payload's device), ``"numba"`` or ``"triton"``.
+            rows: Decode into blocks of ``out`` (needed then) instead of its start: as in
+                :meth:`encode`, ``out``'s block ``rows[i]`` receives the ``i``-th block, the
+                rest of ``out`` is left as it was.
 
         Returns:
-            float32 tensor of ``payload.n`` elements.
+            float32 tensor of ``payload.n`` elements (``out`` itself when given).
         """
         n = self._check_payload(payload)
         data = self._expand(payload.data, n)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         be = backend_for(backend, data)
         if out is None:
-            if accumulate:
-                raise ValueError("accumulate=True needs an out tensor")
+            if accumulate or rows is not None:
+                raise ValueError("accumulate=True and rows need an out tensor")
             out = torch.empty(n, dtype=torch.float32, device=data.device)
         elif (not isinstance(out, torch.Tensor) or out.dtype != torch.float32
-              or out.numel() != n or not out.is_contiguous() or out.dim() != 1):
+              or (rows is None and out.numel() != n) or not out.is_contiguous()
+              or out.dim() != 1):
             raise ValueError(f"out must be a contiguous float32 tensor of {n} elements")
         elif out.device != data.device:
             raise ValueError(f"out is on {out.device}, the payload on {data.device}")
-        be.block_decode(self._code, data, out, rand, bool(accumulate))
+        if rows is None:
+            be.block_decode(self._code, data, out, rand, bool(accumulate))
+            return out
+        if self._check_rows(rows, out.numel(), out.device) != n:
+            raise ValueError(f"rows hold other than the payload's {n} coordinates")
+        if be.block_rows:
+            be.block_decode(self._code, data, out, rand, bool(accumulate), rows=rows, n=n)
+        else:
+            dec = torch.empty(rows.numel() * self.block_size, dtype=torch.float32,
+                              device=data.device)
+            be.block_decode(self._code, data, dec[:n], rand, False)
+            be.scatter_rows(dec, rows, out, bool(accumulate), self.block_size)
         return out
 
     def recompress(
@@ -332,6 +377,7 @@ class BlockQuantizer:
         backend: str = "auto",
         in_rank: int | None = None,
         in_stream: tuple[int, ...] | None = None,
+        rows: torch.Tensor | None = None,
     ) -> Payload:
         """Fused decompress–accumulate–recompress: ``encode(acc + decode(payload))``.
 
@@ -349,6 +395,8 @@ class BlockQuantizer:
             in_rank, in_stream: Rank and stream of the incoming payload's encoder (default:
                 ``rank`` and ``stream``); its other keys are this call's. Only a :attr:`dither`
                 quantizer uses them.
+            rows: The accumulator values are blocks of ``acc`` (as in :meth:`encode`); the
+                write-back goes to the same blocks, the rest of ``acc`` is left as it was.
 
         Returns:
             The outgoing :class:`Payload`. Equivalent to
@@ -357,9 +405,21 @@ class BlockQuantizer:
         wb = Writeback.parse(writeback)
         n = self._check_payload(payload)
         if (not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.dim() != 1
-                or not acc.is_contiguous() or acc.numel() != n):
+                or not acc.is_contiguous() or (rows is None and acc.numel() != n)):
             raise ValueError(f"acc must be a contiguous float32 tensor of {n} elements")
         be = backend_for(backend, acc)
+        if rows is not None:
+            if self._check_rows(rows, acc.numel(), acc.device) != n:
+                raise ValueError(f"rows hold other than the payload's {n} coordinates")
+            if not be.block_rows:
+                dense = be.gather_rows(acc, rows, self.block_size)
+                res = self.recompress(payload, dense[:n], writeback=wb, seed=seed, rank=rank,
+                                      world_size=world_size, stream=stream,
+                                      index_offset=index_offset, out=out, backend=backend,
+                                      in_rank=in_rank, in_stream=in_stream)
+                if wb != Writeback.NONE:
+                    be.scatter_rows(dense, rows, acc, False, self.block_size)
+                return res
         self._check_out(n, out, acc.device)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         irand = self._rand(seed, rank if in_rank is None else in_rank, world_size,
@@ -367,16 +427,17 @@ class BlockQuantizer:
         data = self._expand(payload.data, n)
         if data.device != acc.device:
             raise ValueError(f"the payload is on {data.device}, acc on {acc.device}")
+        kw = {} if rows is None else {"rows": rows, "n": n}
         if not self._is_cut(n):
             if out is None:
                 out = torch.empty(self.nbytes(n), dtype=torch.uint8, device=acc.device)
             elif out.data_ptr() == data.data_ptr():
                 raise ValueError("out must not be the incoming payload buffer")
-            be.block_recompress(self._code, data, acc, rand, irand, wb, out)
+            be.block_recompress(self._code, data, acc, rand, irand, wb, out, **kw)
             return Payload(self, n, out)
         # the kernels work on whole blocks: run on their layout, cut the result to the wire's
         full = torch.empty(self._kernel_nbytes(n), dtype=torch.uint8, device=acc.device)
-        be.block_recompress(self._code, data, acc, rand, irand, wb, full)
+        be.block_recompress(self._code, data, acc, rand, irand, wb, full, **kw)
         return Payload(self, n, self._compact(full, n, out))
 
     def roundtrip(self, x: torch.Tensor, **kw: object) -> torch.Tensor:

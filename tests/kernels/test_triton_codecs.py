@@ -226,6 +226,18 @@ def test_row_permutation_kernels(small_tiles):
             ref = out + full[:n] if add else full[:n].clone()
             lb.scatter_rows(g, order, out, add)
             assert_same(out, ref, f"scatter rows={rows} add={add}")
+        # a subset of the rows, in any order (a segment of a DynamiQ message), matches the
+        # torch rows of the base backend
+        sub = order[: max(1, rows // 2)]
+        base = kb.get_backend("numba")
+        g = lb.gather_rows(x, sub)
+        assert_same(g, base.gather_rows(x, sub, 256), f"gather subset rows={rows}")
+        for add in (False, True):
+            out = vector(n, rows + 2)
+            ref = out.clone()
+            base.scatter_rows(g, sub, ref, add, 256)
+            lb.scatter_rows(g, sub, out, add)
+            assert_same(out, ref, f"scatter subset rows={rows} add={add}")
 
 
 def test_bf16_nan_pattern_is_torchs():
@@ -252,8 +264,8 @@ def test_launcher_argument_checks():
         lb_int.intsum_encode(x, 1.0, 25, (1, 2), 0)
     with pytest.raises(ValueError, match="scales"):
         lb_shared.shared_encode(x, torch.ones(1), 32, 7, (None,) * 4)
-    with pytest.raises(ValueError, match="rows"):
-        lb.gather_rows(torch.randn(300), torch.arange(1))
+    with pytest.raises(ValueError, match="power of two"):
+        lb.gather_rows(torch.randn(300), torch.arange(1), 96)
 
 
 # ---------------------------------------------------------------- formats registered in a test

@@ -330,3 +330,91 @@ def test_dithering_is_unbiased_and_halves_the_noise():
     mse_p = float(np.mean([((plain.decode(plain.encode(x, seed=s)) - x) ** 2).mean().item()
                            for s in range(20)]))
     assert mse_d < 0.7 * mse_p
+
+
+# ---------------------------------------------------------------- blocks in place (rows)
+def _rows_case(q, data):
+    """A chunk of whole blocks plus maybe a partial one, and some of its blocks in a random
+    order (a partial last block, when drawn, last)."""
+    b = q.block_size
+    nblocks = data.draw(st.integers(1, 12), label="blocks")
+    tail = data.draw(st.sampled_from([0, 1, b // 2 + 3]), label="tail") % b
+    total = nblocks * b + tail
+    last = nblocks if tail else None
+    whole = data.draw(st.permutations(range(nblocks)), label="order")
+    k = data.draw(st.integers(0 if last is not None else 1, nblocks), label="taken")
+    rows = list(whole[:k]) + ([last] if last is not None and (k == 0 or data.draw(
+        st.booleans(), label="partial")) else [])
+    return total, torch.tensor(rows, dtype=torch.int64)
+
+
+def _gathered(x, rows, b, n):
+    full = -(-x.numel() // b) * b
+    pad = torch.cat([x, x.new_zeros(full - x.numel())])
+    return pad.view(-1, b)[rows].reshape(-1)[:n].contiguous()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["kernel-rows", "copied-rows"])
+@pytest.mark.parametrize("name", ["dq4_dither", "int4_sr", "mxfp8"])
+@given(data=st.data())
+def test_rows_code_blocks_in_place_as_if_gathered(name, native, data):
+    """``rows=`` encodes, decodes (and adds) and recompresses blocks where they lie, byte for
+    byte and bit for bit what the same calls do on the gathered blocks; the rest of the array
+    is never written. ``copied-rows``: a backend without row-reading kernels (the quantizer
+    copies the blocks in and out)."""
+    be = get_backend("numba")
+    cls = type(be)
+    saved, cls.block_rows = cls.block_rows, native
+    try:
+        _check_rows_against_gathered(QUANTIZERS[name], be, data)
+    finally:
+        cls.block_rows = saved
+
+
+def _check_rows_against_gathered(q, be, data):
+    total, rows = _rows_case(q, data)
+    n = q._check_rows(rows, total, torch.device("cpu"))
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    x, acc0 = torch.randn(total, generator=g), torch.randn(total, generator=g)
+    kw = {"seed": seed, "rank": 1, "world_size": 4, "stream": (3, 1), "index_offset": 512}
+    want = q.encode(_gathered(x, rows, q.block_size, n), **kw)
+    got = q.encode(x, rows=rows, **kw)
+    assert got.n == n and torch.equal(got.data, want.data)
+    dec = q.decode(want, **kw)
+    for accumulate in (False, True):
+        out = acc0.clone()
+        q.decode(want, out, accumulate=accumulate, rows=rows, **kw)
+        ref = acc0.clone()
+        be.scatter_rows(torch.cat([dec, dec.new_zeros(rows.numel() * q.block_size - n)]), rows,
+                        ref, accumulate, q.block_size)
+        assert torch.equal(out.view(torch.int32), ref.view(torch.int32)), accumulate
+    for writeback in ("none", "sum", "decoded"):
+        dense = _gathered(acc0, rows, q.block_size, n)
+        want_r = q.recompress(want, dense, writeback=writeback, **kw)
+        acc = acc0.clone()
+        got_r = q.recompress(want, acc, writeback=writeback, rows=rows, **kw)
+        assert torch.equal(got_r.data, want_r.data), writeback
+        ref = acc0.clone()
+        if writeback != "none":
+            be.scatter_rows(torch.cat([dense, dense.new_zeros(rows.numel() * q.block_size - n)]),
+                            rows, ref, False, q.block_size)
+        assert torch.equal(acc.view(torch.int32), ref.view(torch.int32)), writeback
+
+
+def test_bad_rows_are_refused_before_any_kernel_runs():
+    q = QUANTIZERS["dq4_hier"]
+    x = torch.randn(3 * 256 + 10)
+    for rows, match in [(torch.tensor([0, 4]), r"in \[0, 3\]"), (torch.tensor([-1]), "in"),
+                        (torch.tensor([3, 0]), "only the last"),
+                        (torch.tensor([0.0]), "int64"), (torch.tensor([], dtype=torch.int64),
+                                                         "non-empty")]:
+        with pytest.raises(ValueError, match=match):
+            q.encode(x, rows=rows)
+    p = q.encode(torch.randn(256))
+    with pytest.raises(ValueError, match="payload's 256"):
+        q.decode(p, torch.zeros(x.numel()), rows=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="need an out"):
+        q.decode(p, rows=torch.tensor([0]))
+    with pytest.raises(ValueError, match="payload's 256"):
+        q.recompress(p, torch.zeros(x.numel()), rows=torch.tensor([3]))

@@ -34,7 +34,7 @@ from dynamiq.codecs.dynamiq.options import (
     normalise_group_sizes,
     normalise_widths,
 )
-from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout, gather, scatter
+from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
 from dynamiq.codecs.dynamiq.target import calibration_sums, check_target, targeted_choice
 from dynamiq.metadata import STATISTICS, SUPER_GROUP, metadata_bits
@@ -449,38 +449,33 @@ class DynamiQ(PartialSumCodec):
         lay = self._layout(x.numel(), ctx)
         be = hop_backend(ctx, x)
         out = self._out(lay, out, x.device)
-        g = gather(x, lay, be)
-        for i, sg0, coords, b0, b1, first in lay.segments:
-            s = sg0 * SUPER_GROUP
-            self._segments[i].encode(g[s:s + coords], out[b0:b1], be, **self._rand(ctx, first))
+        for k, (i, _, coords, b0, b1, first) in enumerate(lay.segments):
+            seg = self._segments[i]
+            seg.encode(x, lay.rows(k, seg.block, x.device), coords, out[b0:b1], be,
+                       **self._rand(ctx, first))
         return out
 
-    def _decode_gathered(self, data: torch.Tensor, lay: ChunkLayout, ctx: HopContext | None,
-                         backend: str) -> torch.Tensor:
+    def _decode_into(self, data: torch.Tensor, out: torch.Tensor, ctx: HopContext | None,
+                     accumulate: bool) -> None:
+        """Every segment of ``data`` decoded into its places of ``out`` (or added to them)."""
+        lay = self._layout(out.numel(), None if ctx is None else ctx.producer)
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
-        # every coordinate is written by its segment but the padding of a partial last
-        # super-group, which lands past the chunk's end and is never read back (scatter)
-        g = torch.empty(lay.sgs * SUPER_GROUP, dtype=torch.float32, device=data.device)
+        be = hop_backend(ctx, out)
         src = None if ctx is None else ctx.producer
-        for i, sg0, coords, b0, b1, first in lay.segments:
-            s = sg0 * SUPER_GROUP
-            self._segments[i].decode(data[b0:b1], g[s:s + coords], backend,
-                                     **self._rand(src, first))
-        return g
+        for k, (i, _, coords, b0, b1, first) in enumerate(lay.segments):
+            seg = self._segments[i]
+            seg.decode(data[b0:b1], out, lay.rows(k, seg.block, out.device), coords,
+                       accumulate, be, **self._rand(src, first))
 
     def decompress(self, data, out, ctx=None):
         """Decode into ``out`` (float32 ``[n]``); dithered widths use ``ctx.producer``'s keys."""
-        lay = self._layout(out.numel(), None if ctx is None else ctx.producer)
-        be = hop_backend(ctx, out)
-        scatter(self._decode_gathered(data, lay, ctx, be), out, lay, add=False, backend=be)
+        self._decode_into(data, out, ctx, False)
         return out
 
     def decompress_accumulate(self, data, acc, ctx=None):
         """``acc += decompress(data)`` (one float32 addition per coordinate)."""
-        lay = self._layout(acc.numel(), None if ctx is None else ctx.producer)
-        be = hop_backend(ctx, acc)
-        scatter(self._decode_gathered(data, lay, ctx, be), acc, lay, add=True, backend=be)
+        self._decode_into(data, acc, ctx, True)
 
     def decompress_accumulate_recompress(self, data, acc, ctx, out=None, writeback="none"):
         """``compress(acc + decompress(data))`` with fresh scales: the message's options are
@@ -488,13 +483,15 @@ class DynamiQ(PartialSumCodec):
         wb = check_writeback(writeback).name.lower()
         _check_chunk(acc, "accumulator")
         lay = self._layout(acc.numel(), ctx)
-        if self._layout(acc.numel(), ctx.producer) is not lay:
-            # the message was coded under another hop's plan (per_hop): decode and add, then
-            # code under this hop's; the sum is formed on a copy unless it is written back
-            work = acc if wb != "none" else acc.clone()
-            self.decompress_accumulate(data, work, ctx)
+        lay_in = self._layout(acc.numel(), ctx.producer)
+        if lay_in is not lay and (lay_in.segments != lay.segments
+                                  or not torch.equal(lay_in.order, lay.order)):
+            # the message was coded under another hop's plan (per_hop): decode and add in
+            # place (under "none" the accumulator is scratch afterwards), then code under this
+            # hop's
+            self.decompress_accumulate(data, acc, ctx)
             own = dataclasses.replace(ctx, source=None)
-            out = self.compress(work, own, out)
+            out = self.compress(acc, own, out)
             if wb == "decoded":
                 self.decompress(out, acc, own)
             return out
@@ -502,15 +499,12 @@ class DynamiQ(PartialSumCodec):
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
         be = hop_backend(ctx, acc)
         out = self._out(lay, out, acc.device)
-        g = gather(acc, lay, be)
         src = ctx.producer
-        for i, sg0, coords, b0, b1, first in lay.segments:
-            s = sg0 * SUPER_GROUP
-            self._segments[i].recompress(data[b0:b1], g[s:s + coords], out[b0:b1], wb, be,
-                                         in_rank=src.rank, in_stream=self._stream(src),
-                                         **self._rand(ctx, first))
-        if wb != "none":
-            scatter(g, acc, lay, add=False, backend=be)
+        for k, (i, _, coords, b0, b1, first) in enumerate(lay.segments):
+            seg = self._segments[i]
+            seg.recompress(data[b0:b1], acc, lay.rows(k, seg.block, acc.device), coords,
+                           out[b0:b1], wb, be, in_rank=src.rank, in_stream=self._stream(src),
+                           **self._rand(ctx, first))
         return out
 
     def spec(self) -> str:

@@ -2,9 +2,9 @@
 
 A :class:`WidthPlan` gives every super-group of the vector an option. A chunk's message is one
 segment per option present in the chunk: the chunk's super-groups are reordered (stably) by
-option, so that equal options are contiguous (:func:`gather`), each run is coded as one segment,
-and decoding undoes the reorder (:func:`scatter`). :class:`ChunkLayout` records where each
-segment's coordinates and bytes lie.
+option, so that equal options are contiguous, and each run is coded as one segment, read from
+and decoded into the chunk's own places (:meth:`ChunkLayout.rows`), without a reordered copy.
+:class:`ChunkLayout` records where each segment's coordinates and bytes lie.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import numpy as np
 import torch
 
 from dynamiq.codecs.dynamiq.options import CodingOption
-from dynamiq.kernels import get_backend
 from dynamiq.metadata import SUPER_GROUP
 
-__all__ = ["ChunkLayout", "WidthPlan", "chunk_layout", "gather", "scatter"]
+__all__ = ["ChunkLayout", "WidthPlan", "chunk_layout"]
 
 
 @dataclass
@@ -90,13 +89,21 @@ class ChunkLayout:
     nbytes: int
     sgs: int
 
-    def device_order(self, device: torch.device) -> torch.Tensor:
-        """:attr:`order` on ``device`` (copied once per device)."""
-        cache = self.__dict__.setdefault("_device_order", {})  # a frozen dataclass's own dict
-        order = cache.get(str(device))
-        if order is None:
-            order = cache[str(device)] = self.order.to(device)
-        return order
+    def rows(self, k: int, block: int, device: torch.device) -> torch.Tensor:
+        """int64 indices of the blocks of ``block`` coordinates (a divisor of the super-group)
+        that segment ``k``'s coordinates occupy in the chunk, in message order; the last is
+        the chunk's partial last block when the segment ends there. Cached per layout."""
+        cache = self.__dict__.setdefault("_rows", {})  # a frozen dataclass's own dict
+        key = (k, block, str(device))
+        rows = cache.get(key)
+        if rows is None:
+            _, sg0, coords, *_ = self.segments[k]
+            sgs = self.order[sg0: sg0 + -(-coords // SUPER_GROUP)]
+            per = SUPER_GROUP // block
+            if per > 1:
+                sgs = (sgs[:, None] * per + torch.arange(per)).reshape(-1)[: -(-coords // block)]
+            rows = cache[key] = sgs.contiguous().to(device)
+        return rows
 
 
 def chunk_layout(choice: np.ndarray, position: np.ndarray, n: int,
@@ -138,33 +145,3 @@ def chunk_layout(choice: np.ndarray, position: np.ndarray, n: int,
         segs.append((i, sg, coords, b0, b0 + nb, first))
         b0 += nb
     return ChunkLayout(torch.from_numpy(order), tuple(segs), b0, sgs)
-
-
-def gather(x: torch.Tensor, lay: ChunkLayout, backend: str) -> torch.Tensor:
-    """The chunk's values reordered by option.
-
-    Args:
-        x: float32 ``[n]``, the chunk.
-        lay: Its layout.
-        backend: The hop's resolved backend name.
-
-    Returns:
-        A new float32 ``[sgs * SUPER_GROUP]`` tensor on ``x``'s device, equivalent to
-        ``pad(x).view(sgs, SUPER_GROUP).index_select(0, lay.order).view(-1)`` (zero padded).
-    """
-    return get_backend(backend).gather_rows(x, lay.device_order(x.device), SUPER_GROUP)
-
-
-def scatter(src: torch.Tensor, out: torch.Tensor, lay: ChunkLayout, add: bool,
-            backend: str) -> None:
-    """Undo :func:`gather` into ``out``.
-
-    Args:
-        src: float32 ``[sgs * SUPER_GROUP]``, values in the reordered layout.
-        out: float32 ``[n]``, written (``add=False``) or added to (``add=True``, one float32
-            addition per coordinate); the padding past ``n`` is dropped.
-        lay: The chunk's layout.
-        backend: The hop's resolved backend name.
-    """
-    get_backend(backend).scatter_rows(src, lay.device_order(out.device), out, add,
-                                      SUPER_GROUP)

@@ -36,6 +36,7 @@ class NumbaBackend(Backend):
 
     name = "numba"
     auto_devices = ("cpu",)
+    block_rows = True
 
     def check_device(self, device: torch.device) -> None:
         if device.type != "cpu":
@@ -44,14 +45,15 @@ class NumbaBackend(Backend):
                 "backend='triton' (or 'auto') for CUDA tensors, or move the tensor to the CPU"
             )
 
-    def block_encode(self, code, x, rand, out):
-        _mod("blocks").block_encode(code, x, rand, out)
+    def block_encode(self, code, x, rand, out, rows=None, n=None):
+        _mod("blocks").block_encode(code, x, rand, out, rows, n)
 
-    def block_decode(self, code, data, out, rand, accumulate):
-        _mod("blocks").block_decode(code, data, out, rand, accumulate)
+    def block_decode(self, code, data, out, rand, accumulate, rows=None, n=None):
+        _mod("blocks").block_decode(code, data, out, rand, accumulate, rows, n)
 
-    def block_recompress(self, code, data, acc, rand, irand, writeback, out):
-        _mod("blocks").block_recompress(code, data, acc, rand, irand, writeback, out)
+    def block_recompress(self, code, data, acc, rand, irand, writeback, out, rows=None,
+                         n=None):
+        _mod("blocks").block_recompress(code, data, acc, rand, irand, writeback, out, rows, n)
 
     def shared_encode(self, code, x, scales, block, out):
         _mod("shared_scale").encode(code, x, scales, block, out)

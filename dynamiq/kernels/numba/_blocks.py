@@ -385,6 +385,41 @@ def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w
 
 
 @nb.njit(inline="always", cache=True)
+def row_start(rows, t0, i):
+    """First coordinate of the task's ``i``-th block: block ``rows[t0 + i]`` of the array when
+    ``rows`` is given (non-empty), else block ``t0 + i``."""
+    b = t0 + U(i)
+    if rows.size:
+        b = U(rows[b])
+    return b * U(BLOCK)
+
+
+@nb.njit(inline="always", cache=True)
+def load_rows(src, rows, t0, cnt, t):
+    """``t`` = the task's ``cnt`` blocks of ``src`` (see :func:`row_start`), contiguous."""
+    for i in range(cnt):
+        s0 = row_start(rows, t0, i)
+        d0 = U(i) * U(BLOCK)
+        for j in range(BLOCK):
+            t[d0 + U(j)] = src[s0 + U(j)]
+
+
+@nb.njit(inline="always", cache=True)
+def store_rows(t, rows, t0, cnt, dst, add):
+    """Inverse of :func:`load_rows`: the task's blocks from ``t`` into ``dst`` (``+=`` when
+    ``add``, one float32 addition per element)."""
+    for i in range(cnt):
+        d0 = row_start(rows, t0, i)
+        s0 = U(i) * U(BLOCK)
+        if add:
+            for j in range(BLOCK):
+                dst[d0 + U(j)] += t[s0 + U(j)]
+        else:
+            for j in range(BLOCK):
+                dst[d0 + U(j)] = t[s0 + U(j)]
+
+
+@nb.njit(inline="always", cache=True)
 def scratch():
     """Per-task arrays of the scale pass (group maxima and flags, super-group scales and
     flags, group normalisers and keep flags) and the elements' uniforms."""
@@ -401,19 +436,27 @@ def task_range(c, nblocks):
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
-def encode(x, b0, nblocks, codes, scales, supers, tables, consts, rand):
-    """Encode the ``nblocks`` blocks of ``x`` as stream blocks ``b0 ..``."""
+def encode(x, b0, nblocks, rows, codes, scales, supers, tables, consts, rand):
+    """Encode ``nblocks`` blocks of ``x`` as stream blocks ``b0 ..``: blocks ``rows[i]`` of
+    ``x`` in that order (``rows`` non-empty), else its first ``nblocks``.
+
+    Each task copies its blocks into a cache-resident scratch first, so that blocks spread
+    over ``x`` (a segment of a reordered message) are coded without a gathered copy of ``x``.
+    """
     for c in nb.prange((nblocks + TASK - 1) // TASK):
         t0, cnt = task_range(c, nblocks)
+        t = np.empty(TN, np.float32)
         y = np.empty(TN, np.float32)
         cb = np.empty(TN, CODE_T)
-        encode_task(x, t0 * U(BLOCK), U(b0) + t0, cnt, codes, scales, supers, tables, consts,
-                    rand, scratch(), y, cb)
+        load_rows(x, rows, t0, cnt, t)
+        encode_task(t, U(0), U(b0) + t0, cnt, codes, scales, supers, tables, consts, rand,
+                    scratch(), y, cb)
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
-def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumulate):
-    """Decode stream blocks ``b0 .. b0+nblocks`` into ``out`` (``+=`` when ``accumulate``).
+def decode(out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand, accumulate):
+    """Decode stream blocks ``b0 .. b0+nblocks`` into ``out`` (``+=`` when ``accumulate``):
+    into blocks ``rows[i]`` of ``out`` (``rows`` non-empty), else its first ``nblocks``.
 
     ``consts``/``rand`` are the encoder's (dithered decoding regenerates its uniforms).
     """
@@ -427,7 +470,13 @@ def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumu
         unpack(codes, s * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
         kap = np.float32(consts[11])
-        if accumulate:
+        if rows.size:
+            # decoded into scratch, then put in place: ``out + value`` either way
+            t = np.empty(TN, np.float32)
+            decode_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, rand,
+                         U(rand[8]) + s * U(BLOCK), ub)
+            store_rows(t, rows, t0, cnt, out, accumulate)
+        elif accumulate:
             add_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
                       U(rand[8]) + s * U(BLOCK), ub)
         else:
@@ -436,9 +485,11 @@ def decode(out, b0, nblocks, codes, scales, supers, tables, consts, rand, accumu
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
-def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, tables, consts,
-               rand, irand, writeback):
-    """Fused ``decompress_accumulate_recompress`` of stream blocks ``b0 .. b0+nblocks``.
+def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supers, tables,
+               consts, rand, irand, writeback):
+    """Fused ``decompress_accumulate_recompress`` of stream blocks ``b0 .. b0+nblocks``, whose
+    accumulator values are blocks ``rows[i]`` of ``acc`` (``rows`` non-empty), else its first
+    ``nblocks``.
 
     Per task, in one pass over the data: ``t = acc + decode(in)`` (float32, in a task-sized
     scratch), then ``encode(t)`` with fresh scales into ``codes/scales/supers``. Elements at
@@ -459,8 +510,7 @@ def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, ta
         cb = np.empty(TN, CODE_T)
         w = scratch()
         ub = w[7]
-        for j in range(n):
-            t[j] = acc[a0 + U(j)]
+        load_rows(acc, rows, t0, cnt, t)
         unpack(ic, s * U(CBYTES), n, cb)
         group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
         add_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, irand,
@@ -470,10 +520,11 @@ def recompress(acc, b0, nblocks, nvalid, ic, isc, isu, codes, scales, supers, ta
             t[j] = np.float32(0.0)
         encode_task(t, U(0), s, cnt, codes, scales, supers, tables, consts, rand, w, y, cb)
         if writeback == 1:
-            for j in range(n):
-                acc[a0 + U(j)] = t[j]
+            store_rows(t, rows, t0, cnt, acc, False)
         elif writeback == 2:
-            # what every receiver decodes: the codes are still unpacked in cb
+            # what every receiver decodes (the codes are still unpacked in cb), decoded into
+            # the normalised values' scratch, which the encode is done with
             group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
-            decode_codes(cb, sv, cnt * GPB, gsize, acc, a0, tables[2], kap, rand,
+            decode_codes(cb, sv, cnt * GPB, gsize, y, U(0), tables[2], kap, rand,
                          U(rand[8]) + s * U(BLOCK), ub)
+            store_rows(y, rows, t0, cnt, acc, False)

@@ -152,6 +152,9 @@ def _sections(code: BlockCode, buf: np.ndarray, n: int) -> tuple[np.ndarray, ...
     return buf[:a], buf[a:a + b], buf[a + b:a + b + c]
 
 
+_NO_ROWS = np.empty(0, np.int64)
+
+
 def _split(code: BlockCode, n: int) -> tuple[int, int, np.ndarray]:
     """Whole blocks, coordinates in them, and a zeroed scratch block for a partial tail."""
     b = code.spec.block
@@ -159,27 +162,42 @@ def _split(code: BlockCode, n: int) -> tuple[int, int, np.ndarray]:
     return nfull, nfull * b, np.zeros(b, np.float32)
 
 
-def block_encode(code: BlockCode, x: torch.Tensor, rand: RandKeys, out: torch.Tensor) -> None:
+def _rows(rows: torch.Tensor | None) -> np.ndarray:
+    return _NO_ROWS if rows is None else rows.numpy()
+
+
+def _where(code: BlockCode, rows: np.ndarray, nfull: int) -> int:
+    """Where the coded coordinate ``nfull * block`` (a partial tail's first) lies in the
+    array: past the whole blocks, or at the start of block ``rows[nfull]``."""
+    return int(rows[nfull]) * code.spec.block if rows.size else nfull * code.spec.block
+
+
+def block_encode(code: BlockCode, x: torch.Tensor, rand: RandKeys, out: torch.Tensor,
+                 rows: torch.Tensor | None = None, n: int | None = None) -> None:
     """See :meth:`dynamiq.kernels.backend.Backend.block_encode`."""
-    n = x.numel()
+    n = x.numel() if n is None else n
     xs = x.numpy()
+    rs = _rows(rows)
     nfull, cut, tail = _split(code, n)
     tables, consts, r = *kernel_args(code), tuple(rand)
     sections = _sections(code, out.numpy(), n)
     k = kernels(code.spec)
     with threads_for(n):
         if nfull:
-            k.encode(xs, 0, nfull, *sections, tables, consts, r)
+            k.encode(xs, 0, nfull, rs, *sections, tables, consts, r)
         if n > cut:
-            tail[: n - cut] = xs[cut:]
-            k.encode(tail, nfull, 1, *sections, tables, consts, r)
+            at = _where(code, rs, nfull)
+            tail[: n - cut] = xs[at:at + n - cut]
+            k.encode(tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r)
 
 
 def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: RandKeys,
-                 accumulate: bool) -> None:
+                 accumulate: bool, rows: torch.Tensor | None = None,
+                 n: int | None = None) -> None:
     """See :meth:`dynamiq.kernels.backend.Backend.block_decode`."""
-    n = out.numel()
+    n = out.numel() if n is None else n
     os_ = out.numpy()
+    rs = _rows(rows)
     nfull, cut, tail = _split(code, n)
     tables, consts, r = *kernel_args(code), tuple(rand)
     sections = _sections(code, data.numpy(), n)
@@ -187,19 +205,22 @@ def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: R
     acc = bool(accumulate)
     with threads_for(n):
         if nfull:
-            k.decode(os_, 0, nfull, *sections, tables, consts, r, acc)
+            k.decode(os_, 0, nfull, rs, *sections, tables, consts, r, acc)
         if n > cut:
+            at = _where(code, rs, nfull)
             if acc:
-                tail[: n - cut] = os_[cut:]
-            k.decode(tail, nfull, 1, *sections, tables, consts, r, acc)
-            os_[cut:] = tail[: n - cut]
+                tail[: n - cut] = os_[at:at + n - cut]
+            k.decode(tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r, acc)
+            os_[at:at + n - cut] = tail[: n - cut]
 
 
 def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, rand: RandKeys,
-                     irand: RandKeys, writeback: Writeback, out: torch.Tensor) -> None:
+                     irand: RandKeys, writeback: Writeback, out: torch.Tensor,
+                     rows: torch.Tensor | None = None, n: int | None = None) -> None:
     """See :meth:`dynamiq.kernels.backend.Backend.block_recompress`."""
-    n = acc.numel()
+    n = acc.numel() if n is None else n
     a = acc.numpy()
+    rs = _rows(rows)
     nfull, cut, tail = _split(code, n)
     tables, consts, r, ir = *kernel_args(code), tuple(rand), tuple(irand)
     src = data.numpy()
@@ -212,9 +233,11 @@ def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, ran
     wb = int(writeback)
     with threads_for(n):
         if nfull:
-            k.recompress(a, 0, nfull, cut, *isec, *osec, tables, consts, r, ir, wb)
+            k.recompress(a, 0, nfull, cut, rs, *isec, *osec, tables, consts, r, ir, wb)
         if n > cut:
-            tail[: n - cut] = a[cut:]
-            k.recompress(tail, nfull, 1, n - cut, *isec, *osec, tables, consts, r, ir, wb)
+            at = _where(code, rs, nfull)
+            tail[: n - cut] = a[at:at + n - cut]
+            k.recompress(tail, nfull, 1, n - cut, _NO_ROWS, *isec, *osec, tables, consts, r,
+                         ir, wb)
             if writeback != Writeback.NONE:
-                a[cut:] = tail[: n - cut]
+                a[at:at + n - cut] = tail[: n - cut]

@@ -211,16 +211,15 @@ def gather_rows(x: torch.Tensor, order: torch.Tensor, row: int = 256,
     Equivalent to ``pad(x).view(-1, row).index_select(0, order).view(-1)``.
 
     Args:
-        x: float32 ``[n]``, ``n <= order.numel() * row``.
-        order: int64 permutation of the rows, on ``x``'s device.
+        x: float32 ``[n]``.
+        order: int64 distinct row indices (a permutation of the rows or a subset), on ``x``'s
+            device.
         row: Coordinates per row (a power of two).
         out: Optional float32 ``[order.numel() * row]``.
     """
     check_tensor(x, "x", torch.float32, None)
     check_device(x.device)
     rows, rpp = _rows(order, row, x.device)
-    if x.numel() > rows * row:
-        raise ValueError(f"x has {x.numel()} coordinates, more than {rows} rows of {row}")
     if out is None:
         out = torch.empty(rows * row, dtype=torch.float32, device=x.device)
     check_tensor(out, "out", torch.float32, rows * row, x.device)
@@ -241,8 +240,6 @@ def scatter_rows(g: torch.Tensor, order: torch.Tensor, out: torch.Tensor, add: b
     check_device(out.device)
     rows, rpp = _rows(order, row, out.device)
     check_tensor(g, "g", torch.float32, rows * row, out.device)
-    if out.numel() > rows * row:
-        raise ValueError(f"out has {out.numel()} coordinates, more than {rows} rows of {row}")
     if rows:
         launch(kern.scatter_rows_kernel, (-(-rows // rpp),), out.device, g, out.numel(), order,
                 rows, out, ROW=row, RPP=rpp, ADD=bool(add))

@@ -4,7 +4,7 @@ What is checked:
 
 * the plan: positions in the whole vector's stable order by option, the width histogram;
 * the layout: the BF16 segment first (even byte offset), the others by option, a partial last
-  super-group paying for its groups only; the reorder (gather / scatter) round trip;
+  super-group paying for its groups only; the rows each segment occupies in the chunk;
 * wire accounting: a chunk's message is the sum of its width segments, and every rank's
   ``bytes_sent`` is the sum of its sends' ``wire_bytes``;
 * tiles: a chunk coded as tiles decodes like the whole chunk (the ``block_size`` contract).
@@ -20,7 +20,7 @@ from _dynamiq_data import SG, gradients, same, segment_bytes
 from dynamiq import simulate
 from dynamiq.codecs import HopContext
 from dynamiq.codecs.dynamiq import DynamiQ, WidthPlan
-from dynamiq.codecs.dynamiq.plan import chunk_layout, gather, scatter
+from dynamiq.codecs.dynamiq.plan import chunk_layout
 from dynamiq.collectives.engine import chunk_bounds
 from dynamiq.pipeline import get_pipeline
 
@@ -51,17 +51,23 @@ def test_layout_puts_bf16_first_and_cuts_the_partial_super_group():
 
 
 @pytest.mark.parametrize("n", [4 * SG, 3 * SG + 7])
-def test_gather_scatter_undo_each_other(n):
+@pytest.mark.parametrize("block", [SG, 32])
+def test_segment_rows_cover_the_chunk_once(n, block):
+    """Each segment's rows are its super-groups in message order (expanded to the block size);
+    together they cover every block of the chunk exactly once, a partial last block last."""
     codec = DynamiQ(widths=(2, 8), group_size=32)
     lay = chunk_layout(np.array([1, 0, 1, 0], dtype=np.int64), np.arange(4), n, codec.options)
-    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
-    g = gather(x, lay, "numba")
-    assert g.numel() == 4 * SG and same(g[:SG], x[SG:2 * SG])
-    y = torch.full((n,), 7.0)
-    scatter(g, y, lay, add=False, backend="numba")
-    assert same(y, x)
-    scatter(g, y, lay, add=True, backend="numba")
-    assert same(y, x + x)
+    assert [r for r in (lay.rows(k, SG, torch.device("cpu")).tolist()
+                        for k in range(len(lay.segments)))] == [[1, 3], [0, 2]]
+    rows = [lay.rows(k, block, torch.device("cpu")) for k in range(len(lay.segments))]
+    flat = torch.cat(rows)
+    nblocks = -(-n // block)
+    assert sorted(flat.tolist()) == list(range(nblocks))
+    for k, r in enumerate(rows):
+        coords = lay.segments[k][2]
+        assert r.numel() == -(-coords // block)
+        assert (r[:-1] < n // block).all()  # only a segment's last row may be partial
+    assert lay.rows(0, block, torch.device("cpu")) is rows[0]  # cached
 
 
 # ---- wire accounting -------------------------------------------------------------------------

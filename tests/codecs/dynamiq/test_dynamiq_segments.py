@@ -77,16 +77,34 @@ def test_bf16_segment_inside_a_mixed_message():
         assert same(torch.cat([a[SG:2 * SG], a[3 * SG:]]), b), writeback
 
 
-def test_bf16_segment_leaves_the_sum_in_its_private_copy_under_none():
-    """The codec hands a segment its private reordered copy; under "none" the width-16 segment
-    leaves the partial sum there (what an in-place accumulation leaves), the caller's
-    accumulator stays untouched (checked through the codec in test_dynamiq_codec)."""
-    x, acc0 = _data(SG, seed=2)
-    data = BF16.compress(x, None)
-    copy, out = acc0.clone(), torch.empty(2 * SG, dtype=torch.uint8)
-    Bf16Segment().recompress(data, copy, out, "none", "numba")
-    assert same(copy, acc0 + data.view(torch.bfloat16).float())
-    assert torch.equal(out, BF16.compress(copy, None))
+@pytest.mark.parametrize("writeback", ["none", "sum", "decoded"])
+def test_bf16_segment_works_on_its_rows_only(writeback):
+    """The width-16 segment codes the chunk's super-groups ``rows`` (message order, here a
+    partial last one) as the passthrough codes them gathered, and writes back into those rows
+    only: the sum under "sum", the decoded message under "decoded", nothing under "none"."""
+    n = 3 * SG + 40
+    x, acc0 = _data(n, seed=2)
+    rows = torch.tensor([1, 3])
+    dense = torch.cat([x[SG:2 * SG], x[3 * SG:]])
+    seg = Bf16Segment()
+    out = torch.empty(seg.nbytes(SG + 40), dtype=torch.uint8)
+    seg.encode(x, rows, SG + 40, out, "numba")
+    assert torch.equal(out, BF16.compress(dense, None))
+    y = torch.full((n,), 7.0)
+    seg.decode(out, y, rows, SG + 40, False, "numba")
+    assert same(y[SG:2 * SG], dense[:SG].bfloat16().float())
+    assert same(y[3 * SG:], dense[SG:].bfloat16().float()) and (y[:SG] == 7).all()
+    a = acc0.clone()
+    sent = torch.empty_like(out)
+    seg.recompress(out, a, rows, SG + 40, sent, writeback, "numba")
+    b = torch.cat([acc0[SG:2 * SG], acc0[3 * SG:]])
+    want = BF16.decompress_accumulate_recompress(out, b, None, writeback=writeback)
+    assert torch.equal(sent, want)
+    assert same(a[:SG], acc0[:SG]) and same(a[2 * SG:3 * SG], acc0[2 * SG:3 * SG])
+    if writeback != "none":
+        assert same(torch.cat([a[SG:2 * SG], a[3 * SG:]]), b)
+    else:
+        assert same(a, acc0)
 
 
 def test_quantized_segment_is_its_quantizer():
@@ -95,14 +113,16 @@ def test_quantized_segment_is_its_quantizer():
     seg = segment_of(codec.options[0])
     x, acc = _data(2 * SG + 3, seed=3)
     rand = {"seed": 4, "rank": 1, "world_size": 4, "stream": (2,), "index_offset": 512}
-    out = torch.empty(seg.nbytes(x.numel()), dtype=torch.uint8)
-    seg.encode(x, out, "numba", **rand)
+    n = x.numel()
+    rows = torch.arange(-(-n // seg.block))
+    out = torch.empty(seg.nbytes(n), dtype=torch.uint8)
+    seg.encode(x, rows, n, out, "numba", **rand)
     assert torch.equal(out, q.encode(x, **rand).data)
-    y = torch.empty(x.numel())
-    seg.decode(out, y, "numba", **rand)
+    y = torch.empty(n)
+    seg.decode(out, y, rows, n, False, "numba", **rand)
     assert same(y, q.decode(q.encode(x, **rand), **rand))
     a, b = acc.clone(), acc.clone()
     sent = torch.empty_like(out)
-    seg.recompress(out, a, sent, "sum", "numba", **rand)
+    seg.recompress(out, a, rows, n, sent, "sum", "numba", **rand)
     want = q.recompress(Payload(q, x.numel(), out), b, writeback="sum", **rand)
     assert torch.equal(sent, want.data) and same(a, b)
