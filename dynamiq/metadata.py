@@ -25,10 +25,13 @@ exchange, additive ones to nearest, maxima upwards so that they stay bounds:
   relative error of at most 1/16), at half the cost.
 
 Each rank takes its values with :func:`dynamiq.collectives.statistics.local_statistics` (on the
-kernel backend of the vector's device). The exchange carries the values in float64 containers,
-where the sum of ``n`` such values is exact unless their exponents span more than 45 binades;
-so every executor (and every order of summation) obtains the same global values. The wire cost
-is accounted per format (:func:`metadata_bits`).
+kernel backend of the vector's device). Every value of either format is a BF16 value under a
+per-vector power-of-two shift (:func:`wire_shift`), so below 8 ranks the exchange is an
+all-gather of 16 bits per value (:func:`pack_bf16`, cheaper there than an all-reduce) and every
+rank sums the ranks' values itself in float64; from 8 ranks on it is a float64 all-reduce. Either
+way a sum of ``n`` such values is exact in float64 unless their exponents span more than 45
+binades, so every executor (and every order of summation) obtains the same global values. The
+wire cost is accounted per format (:func:`metadata_bits`).
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ __all__ = [
     "Statistic",
     "combine",
     "metadata_bits",
+    "pack_bf16",
     "round_bf16",
     "round_bf16_shifted",
     "round_fp8",
+    "unpack_bf16",
+    "wire_shift",
 ]
 
 #: Coordinates per super-group over which the built-in statistics are taken.
@@ -246,6 +252,59 @@ def round_fp8(t: torch.Tensor, exponents: int = 16, keep_nonzero: bool = False) 
     if keep_nonzero:
         r = torch.where((r == 0) & (t != 0), torch.sign(t) * step, r)
     return torch.where(finite, r, t)
+
+
+def wire_shift(name: str, t: torch.Tensor) -> int:
+    """The power of two under which one rank's values of statistic ``name`` (as
+    :meth:`Statistic.round` left them) are BF16 values exactly: ``t / 2**shift`` loses nothing
+    in BF16, so a rank can send them in 16 bits and every receiver gets them back bit for bit.
+
+    fp8 values have 4 significant bits within 32 binades below their largest magnitude (the
+    shift is its exponent); shifted BF16 sums are BF16 under their own shift; maxima are plain
+    BF16 (shift 0).
+    """
+    st = STATISTICS[name]
+    _, _, top = _magnitudes(t)
+    if top is None or (st.wire == "bf16" and st.reduce == "max"):
+        return 0
+    return top if st.wire == "fp8" else top - top % 4
+
+
+def _times_pow2(t: torch.Tensor, e: int) -> torch.Tensor:
+    """``t * 2**e`` exactly where the result is representable, for any exponent of float64's
+    range (``torch.ldexp`` forms ``2**e`` itself, which overflows past ``2**1023``); the steps
+    move monotonically towards the result, so none overflows or rounds early."""
+    while e:
+        k = max(-1000, min(1000, e))
+        t = t * (2.0**k)
+        e -= k
+    return t
+
+
+def pack_bf16(values: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """One rank's statistics (names of :data:`STATISTICS`, values as rounded for the wire) in
+    16 bits each: int16 ``[len(values) + Σ sizes]``, the shifts (:func:`wire_shift`) first, then
+    every statistic's BF16 bits under its shift, in the mapping's order. Inverse:
+    :func:`unpack_bf16`."""
+    shifts = [wire_shift(n, t) for n, t in values.items()]
+    parts = [torch.tensor(shifts, dtype=torch.int16)]
+    for t, sh in zip(values.values(), shifts):
+        b = _times_pow2(t, -sh).to(torch.bfloat16)
+        parts.append(b.view(torch.int16))
+    return torch.cat(parts)
+
+
+def unpack_bf16(payload: torch.Tensor, sizes: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`pack_bf16`: name → float64 values, for names and sizes in the packed
+    order."""
+    k = len(sizes)
+    shifts = payload[:k].tolist()
+    out, off = {}, k
+    for (n, size), sh in zip(sizes.items(), shifts):
+        b = payload[off:off + size].view(torch.bfloat16).double()
+        out[n] = _times_pow2(b, int(sh))
+        off += size
+    return out
 
 
 def combine(per_rank: list[Mapping[str, torch.Tensor]], reduces: Mapping[str, str] | None = None

@@ -18,8 +18,10 @@ from dynamiq.metadata import (
     Statistic,
     combine,
     metadata_bits,
+    pack_bf16,
     round_bf16,
     round_fp8,
+    unpack_bf16,
 )
 
 SEEN: list = []
@@ -164,3 +166,32 @@ def test_every_hop_sees_the_global_statistics(n):
     # the statistics do not change what the lossless pipeline computes
     plain = simulate("passthrough-fp32", torch.from_numpy(x))
     assert torch.equal(res.results, plain.results)
+
+
+_WIRE_NAMES = ("sum", "sumsq", "csumsq", "absmax", "sum8", "csumsq8", "absmax32")
+
+
+@given(st.lists(st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False), min_size=1,
+                max_size=40), st.sampled_from([1e-300, 1e-30, 1.0, 1e30]),
+       st.sampled_from([None, float("nan"), float("inf"), -float("inf")]))
+@example([5e-324, 0.0], 1.0, None)
+@example([2.0**-1060, -5e-324, 3.0], 1.0, float("nan"))
+def test_statistics_travel_exactly_in_16_bits(vals, scale, special):
+    """Every statistic's rounded values, packed in 16 bits under their shifts, come back bit for
+    bit (non-finite ones as non-finite of the same kind), so the all-gathered metadata equals
+    the float64 all-reduce's."""
+    t = torch.tensor(vals, dtype=torch.float64) * scale
+    if special is not None:
+        t[0] = special
+    values = {}
+    for name in _WIRE_NAMES:
+        v = t.abs() if not STATISTICS[name].signed or STATISTICS[name].reduce == "max" else t
+        values[name] = STATISTICS[name].round(v)
+    back = unpack_bf16(pack_bf16(values), {n: v.numel() for n, v in values.items()})
+    assert list(back) == list(values)
+    for name, v in values.items():
+        b = back[name]
+        assert torch.equal(v.isnan(), b.isnan()), name
+        fin = ~v.isnan()
+        assert torch.equal(v[fin], b[fin]), (name, v[fin] - b[fin])
+        assert torch.equal(torch.signbit(v[fin]), torch.signbit(b[fin])), name

@@ -27,9 +27,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from dynamiq.codecs import Passthrough
 from dynamiq.collectives.engine import Plan
-from dynamiq.collectives.tiling import Layout, TiledPlan, build_layout
+from dynamiq.collectives.tiling import Layout, TiledPlan, build_layout, is_identity
 from dynamiq.pipeline import Pipeline
 from dynamiq.topologies import Transfer
 
@@ -124,12 +123,6 @@ class Program:
                     bufs.append(gpool[goff:goff + nb])
                     goff += nb
             st.bufs = bufs
-
-
-def is_identity(p: Pipeline) -> bool:
-    """Whether every codec of ``p`` sends its float32 input bytes as they are (FP32
-    passthrough; subclasses may code differently, so only the class itself counts)."""
-    return all(type(c) is Passthrough and c.wire == "fp32" for c in p.codecs)
 
 
 class DirectState:

@@ -51,7 +51,7 @@ from dynamiq.collectives.engine import (
     local_metadata,
     undo_transforms,
 )
-from dynamiq.collectives.tiling import TILE_ELEMS, TiledPlan
+from dynamiq.collectives.tiling import TILE_ELEMS, TiledPlan, default_tile
 from dynamiq.collectives.transport import MAX_TIMEOUT, StepExchange, check_timeout
 from dynamiq.kernels.backend import resolve_backend
 from dynamiq.pipeline import Pipeline, get_pipeline
@@ -89,9 +89,9 @@ class P2PStats:
         bytes_sent, bytes_received: Payload bytes this rank put on / took off the wire (the
             metadata check is counted apart in ``metadata_bytes``).
         messages_sent: Point-to-point messages sent (tiles count one each).
-        metadata_bytes: Bytes of the tensors all-reduced before the exchange (the call
-            fingerprint when it was exchanged, plus the metadata values in their float64
-            containers).
+        metadata_bytes: Bytes of the tensors this rank all-reduced or all-gathered before the
+            exchange (the call fingerprint when it was exchanged, plus the metadata values:
+            16 bits each below 8 ranks, float64 containers from 8 on).
         metadata_bits: The metadata phase's cost as accounted in ``b̄`` (16 bits per BF16
             statistic value, 8 per fp8 one plus a shift byte; see
             :mod:`dynamiq.metadata`).
@@ -221,7 +221,9 @@ def run_p2p(
         timeout: Seconds (a real number or a ``timedelta``) to wait for any one message
             (and for the metadata check); finite, positive, at most :data:`MAX_TIMEOUT`.
         tile_elems: Coordinates per message for chunks larger than that (rounded down to a
-            multiple of the pipeline's block size); default :data:`TILE_ELEMS`.
+            multiple of the pipeline's block size); default
+            :func:`~dynamiq.collectives.tiling.default_tile` (:data:`TILE_ELEMS` for the FP32
+            passthrough, at least two tiles per chunk for compressed pipelines).
         dtype: The caller's dtype before widening to float32, checked to agree across ranks
             (default: ``tensor.dtype``).
         op: ``"sum"`` or ``"avg"``, only checked to agree across ranks: the result is the sum.
@@ -289,7 +291,7 @@ def run_p2p(
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not a member of the given process group")
-    tile = TILE_ELEMS if tile_elems is None else int(tile_elems)
+    tile = default_tile(p, tensor.numel(), world) if tile_elems is None else int(tile_elems)
     if tile < 1:
         raise ValueError(f"tile_elems must be >= 1, got {tile_elems!r}")
     d = tensor.numel()

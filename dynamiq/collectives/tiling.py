@@ -13,14 +13,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynamiq.codecs import Passthrough
 from dynamiq.collectives.engine import Plan, chunk_bounds
 from dynamiq.pipeline import Pipeline
 from dynamiq.topologies import Schedule, Transfer
 
-__all__ = ["TILE_ELEMS", "Layout", "TiledPlan", "build_layout"]
+__all__ = ["MIN_TILE_ELEMS", "TILE_ELEMS", "Layout", "TiledPlan", "build_layout", "default_tile",
+           "is_identity"]
 
-#: Default tile: 8 MB of float32 input per message (the paper's pipelining granularity).
+#: Largest default tile: 8 MB of float32 input per message (the paper's pipelining
+#: granularity), the FP32 passthrough's.
 TILE_ELEMS = 1 << 21
+#: Smallest default tile of a compressed pipeline.
+MIN_TILE_ELEMS = 1 << 18
+
+
+def is_identity(p: Pipeline) -> bool:
+    """Whether every codec of ``p`` sends its float32 input bytes as they are (FP32
+    passthrough; subclasses may code differently, so only the class itself counts)."""
+    return all(type(c) is Passthrough and c.wire == "fp32" for c in p.codecs)
+
+
+def default_tile(p: Pipeline, numel: int, world: int) -> int:
+    """Coordinates per message when the caller names none.
+
+    The FP32 passthrough sends :data:`TILE_ELEMS`. A compressed pipeline cuts every chunk of
+    a ring-sized share (``numel / world``) into at least two tiles, so that a rank decodes and
+    recodes one while the next arrives, within ``[MIN_TILE_ELEMS, TILE_ELEMS]`` (a power of
+    two): on a slow link a chunk sent whole leaves each hop's codec time exposed on every step
+    (measured in docs/benchmarks.rst). Every rank computes the same from the same call.
+    """
+    if is_identity(p):
+        return TILE_ELEMS
+    half = -(-max(1, numel) // (2 * max(1, world)))
+    return max(MIN_TILE_ELEMS, min(TILE_ELEMS, 1 << (half - 1).bit_length()))
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 
 if TYPE_CHECKING:  # annotations only: those modules import this one
     from dynamiq.collectives.buffers import DirectState, Program, Step
@@ -31,7 +32,8 @@ if TYPE_CHECKING:  # annotations only: those modules import this one
     from dynamiq.topologies import Transfer
 
 __all__ = ["MAX_TIMEOUT", "StepExchange", "check_timeout", "deadline", "global_rank", "grace",
-           "peer_name", "start_all_reduce", "translate", "translated", "wait"]
+           "peer_name", "start_all_gather", "start_all_reduce", "translate", "translated",
+           "wait"]
 
 #: Largest accepted ``timeout``, in seconds (about 31.7 years). c10d gives gloo a deadline of
 #: "system clock now + timeout" in int64 nanoseconds, which overflows once the timeout passes
@@ -116,6 +118,20 @@ def start_all_reduce(t: torch.Tensor, group: dist.ProcessGroup | None, timeout: 
     if hasattr(opts, "asyncOp"):
         opts.asyncOp = True
     return pg.allreduce([t], opts)
+
+
+def start_all_gather(t: torch.Tensor, out: list[torch.Tensor],
+                     group: dist.ProcessGroup | None, timeout: float) -> dist.Work:
+    """Start an asynchronous all-gather of ``t`` into ``out`` (one tensor per rank), with the
+    backend's own deadline off CUDA, as :func:`start_all_reduce`."""
+    if t.device.type == "cuda":
+        return dist.all_gather(out, t, group=group, async_op=True)
+    pg = dist.group.WORLD if group is None else group
+    opts = AllgatherOptions()  # not re-exported by torch.distributed
+    opts.timeout = deadline(timeout + grace(timeout))
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+    return pg.allgather([out], [t], opts)
 
 
 def global_rank(group: dist.ProcessGroup | None, r: int) -> int:

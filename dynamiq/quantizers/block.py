@@ -206,15 +206,18 @@ class BlockQuantizer:
             raise ValueError("rows must be a non-empty contiguous 1-D int64 tensor")
         if rows.device != device:
             raise ValueError(f"rows are on {rows.device}, the data on {device}")
+        # checked on the host (a segment has a few rows per thousand coordinates): the kernels
+        # index with them unchecked
+        r = rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy()
         last = (total - 1) // b  # the array's last block, partial unless total % b == 0
-        lo, hi = int(rows.min()), int(rows.max())
+        lo, hi = int(r.min()), int(r.max())
         if lo < 0 or hi > last:
             raise ValueError(f"rows must be block indices in [0, {last}], got [{lo}, {hi}]")
         partial = total % b
-        if partial and rows.numel() > 1 and bool((rows[:-1] == last).any()):
+        if partial and r.size > 1 and bool((r[:-1] == last).any()):
             raise ValueError("only the last of the rows may be the array's partial last block")
-        n = rows.numel() * b
-        return n - b + partial if partial and int(rows[-1]) == last else n
+        n = r.size * b
+        return n - b + partial if partial and int(r[-1]) == last else n
 
     def _check_out(self, n: int, out: torch.Tensor | None,
                    device: torch.device | None = None) -> None:

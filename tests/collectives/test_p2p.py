@@ -21,6 +21,7 @@ from _world import world_results
 from dynamiq.codecs import CODECS, Passthrough
 from dynamiq.collectives import agreement, api, p2p
 from dynamiq.collectives.simulator import simulate
+from dynamiq.collectives.tiling import default_tile
 from dynamiq.pipeline import get_pipeline
 from dynamiq.registry import UnknownNameError
 
@@ -244,7 +245,8 @@ def _plan_stall(rank: int, n: int, out: dict) -> None:
     if rank == n - 1:
         agreement.check_call(None, rank, n, torch.device("cpu"), 30, numel=size,
                              dtype=torch.float32, pipeline=str(get_pipeline("requant-dq4")),
-                             op="sum", call=0, tile_elems=p2p.TILE_ELEMS)
+                             op="sum", call=0,
+                             tile_elems=default_tile(get_pipeline("requant-dq4"), size, n))
         out["stall"] = ("absent",)
         return
     out["stall"] = _timed_failure(rank, n, size)
