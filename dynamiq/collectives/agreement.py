@@ -323,14 +323,15 @@ def exchange_metadata(group: dist.ProcessGroup | None, values: dict[str, torch.T
     packed = {n: v for n, v in values.items()
               if world < GATHER_BELOW and n in STATISTICS and reduces[n] == STATISTICS[n].reduce}
     if packed:
-        mine = pack_bf16({n: v.cpu() for n, v in packed.items()}).to(device)
+        # as bytes: gloo all-gathers no int16
+        mine = pack_bf16({n: v.cpu() for n, v in packed.items()}).view(torch.uint8).to(device)
         parts = [torch.empty_like(mine) for _ in range(world)]
         with translated(where, late, "failed", "a peer"):
             work = start_all_gather(mine, parts, group, timeout)
         wait(work, timeout, where, late, "failed", "a peer")
         nbytes += mine.numel() * mine.element_size()
         sizes = {n: v.numel() for n, v in packed.items()}
-        per_rank = [unpack_bf16(p.cpu(), sizes) for p in parts]
+        per_rank = [unpack_bf16(p.cpu().view(torch.int16), sizes) for p in parts]
         out.update(combine(per_rank, {n: reduces[n] for n in packed}))
     for kind, op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
         names = [n for n in values if reduces[n] == kind and n not in packed]

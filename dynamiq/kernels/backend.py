@@ -1,5 +1,8 @@
 """The backend protocol: one set of kernel functions, implemented once per backend.
 
+The module is long because it is the whole kernel interface, every family documented once:
+what each kernel computes, on which arguments, for every backend to implement.
+
 Every component above the kernels calls ``backend_for(name, tensor)`` and then the kernel it
 needs; no component branches on a backend's name. A backend is a sub-package of
 :mod:`dynamiq.kernels` whose ``__init__`` defines ``BACKEND``, an instance of a

@@ -1,5 +1,8 @@
 """The block-scaled quantizer (:class:`BlockQuantizer`): its configuration, wire layout and the
-encode / decode / fused-hop calls into the kernel backends (see :mod:`dynamiq.quantizers`)."""
+encode / decode / fused-hop calls into the kernel backends (see :mod:`dynamiq.quantizers`).
+
+The module is long because its one class documents every configuration field and, for each of
+its three calls, every random-number key and the in-place ``rows`` variant."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from dynamiq.kernels import (
 from dynamiq.quantizers.checks import check_quantizer_config
 from dynamiq.quantizers.layout import compact, expand, wire_layout
 from dynamiq.quantizers.payload import Payload
+from dynamiq.quantizers.rows import rows_length
 from dynamiq.rng import MAX_WORLD, make_key
 
 __all__ = ["BlockQuantizer"]
@@ -197,28 +201,6 @@ class BlockQuantizer:
         q0, q1 = make_key(seed, *stream, rank, Purpose.SCALE)
         return RandKeys(k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
 
-    def _check_rows(self, rows: torch.Tensor, total: int, device: torch.device) -> int:
-        """Coordinates coded when the blocks ``rows`` of a ``total``-long array are (the last
-        may be the array's partial last block); raises on rows the kernels cannot take."""
-        b = self.block_size
-        if (not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() != 1
-                or rows.numel() == 0 or not rows.is_contiguous()):
-            raise ValueError("rows must be a non-empty contiguous 1-D int64 tensor")
-        if rows.device != device:
-            raise ValueError(f"rows are on {rows.device}, the data on {device}")
-        # checked on the host (a segment has a few rows per thousand coordinates): the kernels
-        # index with them unchecked
-        r = rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy()
-        last = (total - 1) // b  # the array's last block, partial unless total % b == 0
-        lo, hi = int(r.min()), int(r.max())
-        if lo < 0 or hi > last:
-            raise ValueError(f"rows must be block indices in [0, {last}], got [{lo}, {hi}]")
-        partial = total % b
-        if partial and r.size > 1 and bool((r[:-1] == last).any()):
-            raise ValueError("only the last of the rows may be the array's partial last block")
-        n = r.size * b
-        return n - b + partial if partial and int(r[-1]) == last else n
-
     def _check_out(self, n: int, out: torch.Tensor | None,
                    device: torch.device | None = None) -> None:
         size = self.nbytes(n)
@@ -291,7 +273,7 @@ class BlockQuantizer:
         """
         x = self._check_input(x)
         be = backend_for(backend, x)
-        n = x.numel() if rows is None else self._check_rows(rows, x.numel(), x.device)
+        n = x.numel() if rows is None else rows_length(rows, self.block_size, x.numel(), x.device)
         self._check_out(n, out, x.device)
         rand = self._rand(seed, rank, world_size, stream, index_offset)
         if rows is not None and not be.block_rows:
@@ -354,7 +336,7 @@ class BlockQuantizer:
         if rows is None:
             be.block_decode(self._code, data, out, rand, bool(accumulate))
             return out
-        if self._check_rows(rows, out.numel(), out.device) != n:
+        if rows_length(rows, self.block_size, out.numel(), out.device) != n:
             raise ValueError(f"rows hold other than the payload's {n} coordinates")
         if be.block_rows:
             be.block_decode(self._code, data, out, rand, bool(accumulate), rows=rows, n=n)
@@ -412,7 +394,7 @@ class BlockQuantizer:
             raise ValueError(f"acc must be a contiguous float32 tensor of {n} elements")
         be = backend_for(backend, acc)
         if rows is not None:
-            if self._check_rows(rows, acc.numel(), acc.device) != n:
+            if rows_length(rows, self.block_size, acc.numel(), acc.device) != n:
                 raise ValueError(f"rows hold other than the payload's {n} coordinates")
             if not be.block_rows:
                 dense = be.gather_rows(acc, rows, self.block_size)

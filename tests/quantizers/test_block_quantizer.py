@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from dynamiq import QUANTIZERS, BlockQuantizer, UnknownNameError
 from dynamiq.kernels import get_backend
+from dynamiq.quantizers.rows import rows_length
 from dynamiq.testing import element_error_bound, reference_scales
 
 
@@ -373,7 +374,7 @@ def test_rows_code_blocks_in_place_as_if_gathered(name, native, data):
 
 def _check_rows_against_gathered(q, be, data):
     total, rows = _rows_case(q, data)
-    n = q._check_rows(rows, total, torch.device("cpu"))
+    n = rows_length(rows, q.block_size, total, torch.device("cpu"))
     seed = data.draw(st.integers(0, 2**16), label="seed")
     g = torch.Generator().manual_seed(seed)
     x, acc0 = torch.randn(total, generator=g), torch.randn(total, generator=g)
