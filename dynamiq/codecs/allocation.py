@@ -22,6 +22,8 @@ Two error models:
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,8 +155,9 @@ class _Upgrades:
     columns; the few others (a partial last super-group) are listed one upgrade at a time.
     """
 
-    def __init__(self, e: np.ndarray, err: np.ndarray, cost: np.ndarray) -> None:
-        classes = _row_classes(cost)
+    def __init__(self, e: np.ndarray, err: np.ndarray, cost: np.ndarray,
+                 classes: list[np.ndarray] | None = None) -> None:
+        classes = _row_classes(cost) if classes is None else classes
         self.size = cost.shape[0]
         big = max(range(len(classes)), key=lambda i: classes[i].size)
         self.blocks: list[_Block] = []
@@ -263,8 +266,27 @@ class _Upgrades:
         return out
 
 
+#: Row classes of recent cost matrices, by the callers' keys (a few: one per tensor size).
+_CLASSES: OrderedDict[Hashable, list[np.ndarray]] = OrderedDict()
+_CLASSES_KEPT = 16
+
+
+def _classes_of(cost: np.ndarray, key: Hashable | None) -> list[np.ndarray] | None:
+    """:func:`_row_classes` of ``cost``, remembered under ``key`` (``None``: not at all)."""
+    if key is None:
+        return None
+    hit = _CLASSES.get(key)
+    if hit is None:
+        hit = _CLASSES[key] = _row_classes(cost)
+        while len(_CLASSES) > _CLASSES_KEPT:
+            _CLASSES.popitem(last=False)
+    else:
+        _CLASSES.move_to_end(key)
+    return hit
+
+
 def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict,
-             costs: np.ndarray | None = None) -> np.ndarray:
+             costs: np.ndarray | None = None, cost_key: Hashable | None = None) -> np.ndarray:
     """Widths per super-group that fit ``budget`` bits and minimise the modelled error.
 
     Every super-group's upgrades along the lower convex hull of its options have thresholds
@@ -282,6 +304,9 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
         costs: float64 ``[m, len(options)]`` bits of each option for each super-group, where
             they differ from the options' own costs (a partial last super-group costs less;
             ``inf`` excludes an option); default: every row is the options' costs.
+        cost_key: A hashable naming ``costs`` (equal keys only for equal costs), so that what
+            the allocation derives from the costs alone is computed once per key (calls on
+            tensors of one size repeat their costs); ``None``: derived on every call.
 
     Returns:
         int64 ``[m]`` indices into ``options``. When even the cheapest option exceeds the
@@ -308,7 +333,7 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     finite = energy[np.isfinite(energy)]
     top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     e = np.where(np.isfinite(energy), energy / top, 2.0**100)
-    upgrades = _Upgrades(e, err, cost)
+    upgrades = _Upgrades(e, err, cost, _classes_of(cost, cost_key))
     ups, stop = upgrades.take(budget - _total(cheapest, cost))
     state["log2_lambda"] = float(np.log2(stop)) if stop > 0 else -np.inf
     return upgrades.choice(ups)

@@ -372,3 +372,19 @@ def test_a_row_without_upgrades_keeps_its_only_option():
                        np.tile(costs, (rows, 1)))
         assert got.min() >= 0 and got.max() < len(c.options)
         assert (got[4::5] == bf16).all()
+
+
+def test_a_cost_key_remembers_the_row_classes_without_changing_the_choice():
+    """Calls that name their cost matrix (``cost_key``) reuse its row classes: each call's
+    widths equal an unkeyed call's, for new energies and budgets every time."""
+    rs = np.random.default_rng(11)
+    opts = [WidthOption(2, 1.0, 0.3), WidthOption(4, 0.2, 0.5), WidthOption(8, 0.01, 1.0)]
+    costs = np.tile([0.3, 0.5, 1.0], (300, 1))
+    costs[-1] = [0.1, 0.2, 0.4]  # a partial last super-group: a class of its own
+    costs[100:200] *= 3  # a hop sent three times
+    key = ("test", costs.shape)
+    for _ in range(4):
+        e = rs.lognormal(0, 2, 300)
+        budget = float(rs.uniform(costs[:, 0].sum(), costs[:, 2].sum()))
+        want = allocate(e, opts, budget, {}, costs)
+        assert np.array_equal(allocate(e, opts, budget, {}, costs, cost_key=key), want)

@@ -342,8 +342,10 @@ class DynamiQ(PartialSumCodec):
         :data:`SHORT_LENGTH` coordinates and a budget above the cheapest option), else one."""
         if (self.per_hop and len(profile) > 1 and length >= SHORT_LENGTH
                 and float(costs.min(axis=1).sum()) < budget):
+            # the costs are this codec's for this length (_costs): their derived facts are
+            # kept under that key
             return hop_plans(energy, self.width_options, budget, costs, profile,
-                             self._option_widths, state)
+                             self._option_widths, state, cost_key=(self, length))
         choice = self._choose(energy, budget, costs, length, state)
         used = float(np.take_along_axis(costs, choice[:, None], 1).sum())
         return WidthPlan(choice, self._option_widths, budget, used)
@@ -365,7 +367,7 @@ class DynamiQ(PartialSumCodec):
             # (the budget may then be overrun by a bounded amount, reported as spent)
             narrow = np.array([w < SHORT_MIN_WIDTH for w in self._option_widths])
             alloc_costs = np.where(narrow[None, :], np.inf, costs)
-        return allocate(energy, opts, budget, state, alloc_costs)
+        return allocate(energy, opts, budget, state, alloc_costs, cost_key=(self, length))
 
     def metadata_bits(self, length: int) -> int:
         """With a :attr:`target`, the calibration's float32 sums (one per option, plus the

@@ -19,6 +19,8 @@ same bits.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 
 from dynamiq.codecs.allocation import WidthOption, allocate
@@ -38,7 +40,8 @@ def ring_profile(world_size: int) -> tuple[tuple[int, float, float], ...]:
 
 def hop_plans(energy: np.ndarray, options: list[WidthOption], budget: float,
               costs: np.ndarray, profile: tuple[tuple[int, float, float], ...],
-              widths: tuple[int, ...], state: dict) -> WidthPlan:
+              widths: tuple[int, ...], state: dict, cost_key: Hashable | None = None
+              ) -> WidthPlan:
     """The per-hop allocation of ``budget`` bits per transfer.
 
     Args:
@@ -49,6 +52,8 @@ def hop_plans(energy: np.ndarray, options: list[WidthOption], budget: float,
         profile: The schedule's ``(s, coded, sent)`` triples (at least one).
         widths: The width of every option (the plans' labels).
         state: Per-tensor state, passed to the allocation.
+        cost_key: A hashable naming ``costs`` (see :func:`~dynamiq.codecs.allocation.allocate`),
+            extended here by the profile.
 
     Returns:
         A :class:`WidthPlan` whose :attr:`~WidthPlan.hops` hold the plan of every ``s``; its
@@ -59,7 +64,8 @@ def hop_plans(energy: np.ndarray, options: list[WidthOption], budget: float,
     sent_total = sum(k for _, _, k in profile)
     e = np.concatenate([energy * (coded * s) for s, coded, _ in profile])
     c = np.concatenate([costs * sent for _, _, sent in profile])
-    choice = allocate(e, options, budget * sent_total, state, c)
+    key = None if cost_key is None else ("hops", cost_key, profile)
+    choice = allocate(e, options, budget * sent_total, state, c, key)
     hops: dict[int, WidthPlan] = {}
     spent = 0.0
     for i, (s, _, sent) in enumerate(profile):
