@@ -21,6 +21,14 @@ from dynamiq.metadata import SUPER_GROUP
 __all__ = ["ChunkLayout", "WidthPlan", "chunk_layout"]
 
 
+def _stable_order(choice: np.ndarray) -> np.ndarray:
+    """``np.argsort(choice, kind="stable")`` of option indices: as bytes when they fit, which
+    NumPy sorts by radix in linear time."""
+    if choice.size and 0 <= int(choice.min()) and int(choice.max()) < 256:
+        return np.argsort(choice.astype(np.uint8), kind="stable")
+    return np.argsort(choice, kind="stable")
+
+
 @dataclass
 class WidthPlan:
     """The per-call width decision of a :class:`~dynamiq.codecs.dynamiq.DynamiQ` codec
@@ -51,7 +59,7 @@ class WidthPlan:
     def __post_init__(self) -> None:
         # each super-group's place in the whole vector's stable order by option: the random
         # numbers of a coordinate are keyed by it, so any cut into chunks or tiles draws the same
-        order = np.argsort(self.choice, kind="stable")
+        order = _stable_order(self.choice)
         self.position = np.empty_like(order)
         self.position[order] = np.arange(order.size)
 
@@ -122,7 +130,7 @@ def chunk_layout(choice: np.ndarray, position: np.ndarray, n: int,
         partial last super-group paying only for what it touches.
     """
     sgs = -(-n // SUPER_GROUP)
-    order = np.argsort(choice, kind="stable")
+    order = _stable_order(choice)
     counts = np.bincount(choice, minlength=len(options))
     pad = sgs * SUPER_GROUP - n
     tail_option = int(choice[-1]) if sgs else -1
