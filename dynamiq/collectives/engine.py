@@ -189,14 +189,7 @@ class Plan:
         cache = self.__dict__.setdefault("_sizes", {})
         sizes = cache.get(chunk)
         if sizes is None:
-            parents = self.schedule.parents[chunk]
-            h = self.schedule.heights(chunk)
-            sizes = [1] * self.world_size
-            for r in sorted(range(self.world_size), key=h.__getitem__):  # children first
-                p = parents[r]
-                if p >= 0 and p != r:
-                    sizes[p] += sizes[r]
-            cache[chunk] = sizes
+            sizes = cache[chunk] = self.schedule.subtree_sizes(chunk)
         return sizes[rank]
 
     def outgoing_codec(self, rank: int, chunk: int) -> PartialSumCodec:
