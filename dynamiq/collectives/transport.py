@@ -111,13 +111,22 @@ def start_all_reduce(t: torch.Tensor, group: dist.ProcessGroup | None, timeout: 
     if t.device.type == "cuda":
         return dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op, group=group,
                                async_op=True)
-    pg = dist.group.WORLD if group is None else group
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.SUM if op is None else op
+    return _world(group).allreduce([t], _with_deadline(opts, timeout))
+
+
+def _world(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return dist.group.WORLD if group is None else group
+
+
+def _with_deadline(opts, timeout: float):
+    """``opts`` of a collective, asynchronous, with the backend's deadline a grace period after
+    the caller's ``timeout`` (see :func:`start_all_reduce`)."""
     opts.timeout = deadline(timeout + grace(timeout))
     if hasattr(opts, "asyncOp"):
         opts.asyncOp = True
-    return pg.allreduce([t], opts)
+    return opts
 
 
 def start_all_gather(t: torch.Tensor, out: list[torch.Tensor],
@@ -126,12 +135,8 @@ def start_all_gather(t: torch.Tensor, out: list[torch.Tensor],
     backend's own deadline off CUDA, as :func:`start_all_reduce`."""
     if t.device.type == "cuda":
         return dist.all_gather(out, t, group=group, async_op=True)
-    pg = dist.group.WORLD if group is None else group
-    opts = AllgatherOptions()  # not re-exported by torch.distributed
-    opts.timeout = deadline(timeout + grace(timeout))
-    if hasattr(opts, "asyncOp"):
-        opts.asyncOp = True
-    return pg.allgather([out], [t], opts)
+    # AllgatherOptions is not re-exported by torch.distributed
+    return _world(group).allgather([out], [t], _with_deadline(AllgatherOptions(), timeout))
 
 
 def global_rank(group: dist.ProcessGroup | None, r: int) -> int:

@@ -30,7 +30,6 @@ def rows_length(rows: torch.Tensor, block: int, total: int, device: torch.device
         ValueError: rows that are not a non-empty 1-D int64 tensor on ``device``, lie outside
             the vector, or name its partial last block anywhere but last.
     """
-    b = block
     if (not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() != 1
             or rows.numel() == 0 or not rows.is_contiguous()):
         raise ValueError("rows must be a non-empty contiguous 1-D int64 tensor")
@@ -38,13 +37,13 @@ def rows_length(rows: torch.Tensor, block: int, total: int, device: torch.device
         raise ValueError(f"rows are on {rows.device}, the data on {device}")
     # checked on the host (a segment has a few rows per thousand coordinates): the kernels
     # index with them unchecked
-    r = rows.numpy() if rows.device.type == "cpu" else rows.cpu().numpy()
-    last = (total - 1) // b  # the array's last block, partial unless total % b == 0
+    r = rows.cpu().numpy()
+    last = (total - 1) // block  # the array's last block, partial unless total % block == 0
     lo, hi = int(r.min()), int(r.max())
     if lo < 0 or hi > last:
         raise ValueError(f"rows must be block indices in [0, {last}], got [{lo}, {hi}]")
-    partial = total % b
+    partial = total % block
     if partial and r.size > 1 and bool((r[:-1] == last).any()):
         raise ValueError("only the last of the rows may be the array's partial last block")
-    n = r.size * b
-    return n - b + partial if partial and int(r[-1]) == last else n
+    n = r.size * block
+    return n - block + partial if partial and int(r[-1]) == last else n

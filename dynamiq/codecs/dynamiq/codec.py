@@ -390,23 +390,29 @@ class DynamiQ(PartialSumCodec):
             costs[-1] = [o.bits(tail) for o in self.options]
         return costs
 
-    def _layout(self, n: int, ctx: HopContext | None) -> ChunkLayout:
-        sgs = -(-n // SUPER_GROUP)
-        off = 0 if ctx is None else ctx.index_offset
+    def _plan(self, ctx: HopContext | None) -> WidthPlan | None:
+        """The width plan ``ctx`` codes under (its hop's, with per-hop plans); ``None`` for a
+        one-option codec outside a pipeline, whose super-groups all keep their places."""
         if not self.variable and (ctx is None or ctx.prepared is None
                                   or self not in ctx.prepared):
-            # one option: every super-group keeps its place, no plan needed (nor cached)
-            choice = np.zeros(sgs, dtype=np.int64)
-            position = np.arange(sgs, dtype=np.int64) + off // SUPER_GROUP
-            return chunk_layout(choice, position, n, self.options)
+            return None
         wp = self.plan_in(ctx)
-        if wp is not None:
-            wp = wp.for_summands(ctx.summands)
         if wp is None:
             raise ValueError(
                 "the dynamiq codec needs the call's width plan: run it inside a pipeline "
                 "(simulate / all_reduce), or pass a HopContext with prepared={codec: plan}"
             )
+        return wp.for_summands(ctx.summands)
+
+    def _layout(self, n: int, ctx: HopContext | None) -> ChunkLayout:
+        sgs = -(-n // SUPER_GROUP)
+        off = 0 if ctx is None else ctx.index_offset
+        wp = self._plan(ctx)
+        if wp is None:
+            # one option: every super-group keeps its place, no plan needed (nor cached)
+            choice = np.zeros(sgs, dtype=np.int64)
+            position = np.arange(sgs, dtype=np.int64) + off // SUPER_GROUP
+            return chunk_layout(choice, position, n, self.options)
         if off % SUPER_GROUP:
             raise ValueError(f"chunk offset {off} is not a multiple of {SUPER_GROUP}")
         lay = wp._layouts.get((off, n))
@@ -484,10 +490,7 @@ class DynamiQ(PartialSumCodec):
         its producer's hop plan, the result's this hop's (the same with one plan per call)."""
         wb = check_writeback(writeback).name.lower()
         _check_chunk(acc, "accumulator")
-        lay = self._layout(acc.numel(), ctx)
-        lay_in = self._layout(acc.numel(), ctx.producer)
-        if lay_in is not lay and (lay_in.segments != lay.segments
-                                  or not torch.equal(lay_in.order, lay.order)):
+        if self._plan(ctx) is not self._plan(ctx.producer):
             # the message was coded under another hop's plan (per_hop): decode and add in
             # place (under "none" the accumulator is scratch afterwards), then code under this
             # hop's
@@ -497,6 +500,7 @@ class DynamiQ(PartialSumCodec):
             if wb == "decoded":
                 self.decompress(out, acc, own)
             return out
+        lay = self._layout(acc.numel(), ctx)
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
         be = hop_backend(ctx, acc)
