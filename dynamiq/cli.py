@@ -303,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn = bsub.add_parser("nmse", help="vNMSE and measured bits/coordinate of every method on "
                          "real gradients (DynamiQ vs the paper's baselines)")
     bn.add_argument("--workload", default="gpt-stdlib",
-                    help="gpt-stdlib, minilm-mlm or lognormal (or a spec, e.g. "
-                         "'lognormal(d=65536)')")
+                    help="a registered workload (gpt-stdlib, minilm-mlm, cnn-digits, "
+                         "lstm-stdlib, bag-pydoc, lognormal, ...) or a spec, e.g. "
+                         "'lognormal(d=65536)'")
     bn.add_argument("--world-size", type=int, default=8)
     bn.add_argument("--topology", default="ring", help="ring, butterfly, ...")
     bn.add_argument("--methods", default=",".join(DEFAULT_METHODS),

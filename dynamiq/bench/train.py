@@ -41,7 +41,13 @@ from tqdm import tqdm
 from dynamiq.bench.output import stderr_log
 from dynamiq.bench.plots import check_plot_path
 from dynamiq.bench.train_plot import plot
-from dynamiq.bench.train_rank import TORCH_METHODS, TrainConfig, check_method, train_rank
+from dynamiq.bench.train_rank import (
+    LR_SCHEDULES,
+    TORCH_METHODS,
+    TrainConfig,
+    check_method,
+    train_rank,
+)
 
 __all__ = ["DEFAULT_METHODS", "DEFAULT_RATE", "DEFAULT_WORLD_SIZE", "TrainRow", "add_arguments",
            "plot", "run", "run_from_args", "summarize"]
@@ -308,6 +314,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gpt-stdlib or a spec overriding its fields, e.g. "
                         "'gpt-stdlib(d_model=128,n_layers=2)'")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr,
+                   help="peak learning rate (the workload's own lr is not used in training)")
+    p.add_argument("--schedule", choices=LR_SCHEDULES, default=TrainConfig.schedule,
+                   help="learning rate after the warm-up: cosine decay to --min-lr-ratio of "
+                        "the peak at the last step, or constant")
+    p.add_argument("--min-lr-ratio", type=float, default=TrainConfig.min_lr_ratio,
+                   help="the cosine schedule's last learning rate over its peak")
     p.add_argument("--bucket-mb", type=float, default=TrainConfig.bucket_mb,
                    help="DDP's bucket_cap_mb")
     p.add_argument("--target-tol", type=float, default=0.5,
@@ -333,7 +346,9 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise ValueError(f"dynamiq train trains gpt-stdlib models, not {args.workload!r}")
         cfg = TrainConfig(workload=wl, steps=args.steps, eval_every=args.eval_every,
                           seed=args.seed, bucket_mb=args.bucket_mb,
-                          checkpoint_every=args.checkpoint_every)
+                          checkpoint_every=args.checkpoint_every, lr=args.lr,
+                          schedule=args.schedule,
+                          min_lr_ratio=args.min_lr_ratio)
         sep = ";" if ";" in args.methods else ","
         run(tuple(m for m in args.methods.split(sep) if m), config=cfg,
             world_size=args.world_size, rate=args.rate, testbed=not args.no_testbed,

@@ -24,6 +24,7 @@ stopped.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -41,13 +42,15 @@ from dynamiq.bench.workloads.gpt_stdlib import GptStdlib, stdlib_corpus
 from dynamiq.ddp import DEFAULT_MIN_COMPRESS_NUMEL, DynamiQState, dynamiq_hook
 from dynamiq.testbed.counters import IFNAME_ENV, interface_counters
 
-__all__ = ["TORCH_METHODS", "TrainConfig", "check_method", "checkpoint_file", "split_corpus",
-           "train_rank"]
+__all__ = ["LR_SCHEDULES", "TORCH_METHODS", "TrainConfig", "check_method", "checkpoint_file",
+           "split_corpus", "train_rank"]
 
+#: Learning-rate schedules after the warm-up (see :class:`TrainConfig`).
+LR_SCHEDULES = ("cosine", "constant")
 #: Methods that are torch's own hooks: DDP's default FP32 all-reduce and its BF16 hook.
 TORCH_METHODS = {"fp32": "DDP's default all-reduce (FP32)",
                  "bf16": "torch's bf16_compress_hook (BF16 all-reduce)"}
-_CHECKPOINT_VERSION = 1
+_CHECKPOINT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,15 @@ class TrainConfig:
         min_compress_numel: Buckets below this stay plain in the dynamiq hook.
         checkpoint_every: Steps between checkpoints (with a checkpoint folder).
         progress: Whether rank 0 draws a progress bar on standard error.
+        lr: The peak learning rate (AdamW). Training reads this, not the workload's ``lr``
+            (which sets how ``bench nmse`` collects its gradients): the default is the best
+            final BF16 loss of a sweep over 3e-4 … 1.5e-3 at the default steps, so that methods
+            are compared at a tuned rate (docs/training.rst).
+        schedule: The learning rate after the workload's linear warm-up: ``"cosine"`` decays
+            it to ``min_lr_ratio`` of the peak at the last step, ``"constant"`` keeps the peak.
+            A decayed rate anneals the gradient noise away at the end, so final losses compare
+            methods rather than where each noisy trajectory happened to stop.
+        min_lr_ratio: The cosine schedule's last rate as a fraction of the peak, in [0, 1].
     """
 
     workload: GptStdlib = field(default_factory=GptStdlib)
@@ -78,6 +90,9 @@ class TrainConfig:
     min_compress_numel: int = DEFAULT_MIN_COMPRESS_NUMEL
     checkpoint_every: int = 50
     progress: bool = True
+    lr: float = 5e-4
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("steps", "eval_every", "val_sequences", "checkpoint_every"):
@@ -86,6 +101,24 @@ class TrainConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if not 0.0 < self.val_fraction < 0.5:
             raise ValueError(f"val_fraction must lie in (0, 0.5), got {self.val_fraction!r}")
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float))
+                                             and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(f"schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
+
+    def rate(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based): a linear warm-up to
+        :attr:`lr` over the workload's ``warmup`` steps, then the schedule up to step
+        ``steps - 1``."""
+        warm = max(1, self.workload.warmup)
+        if step < warm or self.schedule == "constant":
+            return self.lr * min(1.0, (step + 1) / warm)
+        frac = min(1.0, (step + 1 - warm) / max(1, self.steps - warm))
+        floor = self.min_lr_ratio
+        return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
 def check_method(method: str) -> str:
@@ -189,7 +222,8 @@ def _load(path: Path | None, method: str, world_size: int, cfg: TrainConfig) -> 
     if path is not None and path.exists():
         ck = torch.load(path, weights_only=False)
         want = {"version": _CHECKPOINT_VERSION, "method": method, "world_size": world_size,
-                "workload": repr(cfg.workload), "seed": cfg.seed}
+                "workload": repr(cfg.workload), "seed": cfg.seed,
+                "schedule": _schedule_key(cfg)}
         got = {k: ck.get(k) for k in want}
         if got != want:
             raise ValueError(f"checkpoint {path} is of another run: {got} (this run: {want})")
@@ -203,12 +237,21 @@ def _load(path: Path | None, method: str, world_size: int, cfg: TrainConfig) -> 
     return ck
 
 
+def _schedule_key(cfg: TrainConfig) -> tuple:
+    """What a resumed run must share with its checkpoint's run for the rates to continue:
+    a cosine schedule depends on the step count, so such a run cannot be extended."""
+    if cfg.schedule == "constant":
+        return (cfg.lr, "constant")
+    return (cfg.lr, cfg.schedule, cfg.min_lr_ratio, cfg.steps)
+
+
 def _save(path: Path, model: torch.nn.Module, opt, state, record: dict, method: str,
           world_size: int, cfg: TrainConfig) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"version": _CHECKPOINT_VERSION, "method": method, "world_size": world_size,
                 "workload": repr(cfg.workload), "seed": cfg.seed, "step": record["step"],
+                "schedule": _schedule_key(cfg),
                 "model": model.state_dict(), "opt": opt.state_dict(),
                 "hook": None if state is None else pickle.dumps(state),
                 "record": record}, tmp)
@@ -255,7 +298,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, method: str,
         ddp.register_comm_hook(state, dynamiq_hook)
     else:
         state = _hook(ddp, method, spec, cfg, timer)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=wl.lr, betas=(0.9, 0.95),
+    opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=wl.weight_decay)
     if ck is not None:
         opt.load_state_dict(ck["opt"])
@@ -273,7 +316,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, method: str,
     step = record["step"]
     while step < cfg.steps:
         for group in opt.param_groups:
-            group["lr"] = wl.lr * min(1.0, (step + 1) / max(1, wl.warmup))
+            group["lr"] = cfg.rate(step)
         batch = wl.batch(shards[rank], seed=cfg.seed, rank=rank, step=step)
         before = interface_counters() if on_testbed else None
         t0 = time.perf_counter()

@@ -7,12 +7,18 @@ DynamiQ run from the command line, which must match the resumed run bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 
 from dynamiq.bench.train import _set_targets, run, summarize
-from dynamiq.bench.train_rank import TrainConfig, check_method, checkpoint_file
+from dynamiq.bench.train_rank import (
+    TrainConfig,
+    _schedule_key,
+    check_method,
+    checkpoint_file,
+)
 from dynamiq.bench.workloads.gpt_stdlib import GptStdlib
 from dynamiq.cli import main
 
@@ -25,8 +31,10 @@ SPEC = "gpt-stdlib(" + ",".join(f"{k}={v}" for k, v in TINY.items()) + ")"
 
 
 def _cfg(steps: int) -> TrainConfig:
+    # a constant rate after the warm-up: a run of 4 steps extended to 6 is then the same as a
+    # straight run of 6 (a cosine schedule depends on the step count)
     return TrainConfig(workload=GptStdlib(**TINY), steps=steps, eval_every=2,
-                       checkpoint_every=2, progress=False)
+                       checkpoint_every=2, progress=False, schedule="constant")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +108,7 @@ def test_cli_straight_run_matches_the_resumed_one(resumed, tmp_path, capsys):
     out = tmp_path / "cli.json"
     assert main(["train", "--no-testbed", "--methods", "dynamiq", "--world-size", "2",
                  "--steps", "6", "--eval-every", "2", "--workload", SPEC,
-                 "--json", str(out)]) == 0
+                 "--schedule", "constant", "--json", str(out)]) == 0
     text = capsys.readouterr()
     assert "dynamiq" in text.out and "s/step" in text.out
     assert "dynamiq" in text.err  # progress lines
@@ -117,6 +125,33 @@ def test_cli_refuses_unknown_methods_and_workloads(capsys):
         check_method("fp64")
     with pytest.raises(ValueError, match="eval_every"):
         TrainConfig(eval_every=0)
+
+
+def test_learning_rate_schedules():
+    wl = GptStdlib(lr=0.5, warmup=10)  # training reads its own lr, not the workload's
+    cos = TrainConfig(workload=wl, steps=110, lr=1e-3, min_lr_ratio=0.1)
+    const = TrainConfig(workload=wl, steps=110, lr=1e-3, schedule="constant")
+    # the same linear warm-up, then the peak (constant) or a cosine from the peak to 10 %
+    for cfg in (cos, const):
+        assert [cfg.rate(s) for s in (0, 4, 9)] == pytest.approx([1e-4, 5e-4, 1e-3])
+    assert [const.rate(s) for s in (10, 60, 109, 500)] == pytest.approx([1e-3] * 4)
+    lrs = [cos.rate(s) for s in range(9, 110)]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(lrs))  # never rises after the warm-up
+    assert cos.rate(59) == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # halfway: the middle rate
+    assert TrainConfig(workload=wl, steps=110, min_lr_ratio=0.0).rate(109) == 0.0
+    # a cosine run resumes only with its own step count; a constant one may be extended
+    assert _schedule_key(cos) != _schedule_key(TrainConfig(workload=wl, steps=200, lr=1e-3))
+    assert _schedule_key(const) == _schedule_key(
+        TrainConfig(workload=wl, steps=200, lr=1e-3, schedule="constant"))
+    assert _schedule_key(const) != _schedule_key(
+        TrainConfig(workload=wl, steps=110, lr=2e-3, schedule="constant"))
+    with pytest.raises(ValueError, match="schedule"):
+        TrainConfig(schedule="linear")
+    with pytest.raises(ValueError, match="lr must be"):
+        TrainConfig(lr=0.0)
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        TrainConfig(min_lr_ratio=1.5)
 
 
 def _record(val, steps=10, step_s=20.0, probe=1.0, opt=0.2, codec=3.0, hook=None):
