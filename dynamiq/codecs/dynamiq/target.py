@@ -25,9 +25,11 @@ and the metadata cannot tell where, so the prediction is their geometric mean, a
 
 The budget search refines this (:func:`tree_vnmse`): each hop position has its own option
 (per-hop plans), and a compression also codes the error its children left in the partial sum,
-``A(s) = v_s (e_s + Σ_c A(c)) + Σ_c A(c)``. At widths 2–3 (``v`` of order 0.1–1) that error is
-of the order of the signal; without it the model under-predicted gpt-stdlib's early-training
-vNMSE by 1.6× (1.16× with it).
+counted up to the partial sum's own energy: ``A(s) = v_s (e_s + min(Σ_c A(c), e_s)) + Σ_c
+A(c)``. At widths 2–3 (``v`` of order 0.1–1) that error is of the order of the signal; without
+it the model under-predicted gpt-stdlib's early-training vNMSE by 1.6× (1.16× with it), and
+without the cap it over-predicted lstm-stdlib's by 2–2.6×, as values already rounded onto a
+child's levels gain little error when recoded.
 
 **Calibration.** The measured errors are those of Gaussian values; real gradients are
 often heavier-tailed inside a group (a group's maximum then sits further above its typical
@@ -40,6 +42,12 @@ over ranks every rank derives the same factor per option, :func:`calibration` (t
 relative error per super-group over the Gaussian one), which multiplies the measured errors.
 A sample of the most energetic super-groups instead missed the error of the many mid-energy
 ones, where the narrow widths go (1.2 against 1.5–1.8 on minilm-mlm).
+
+The factor ``f`` describes one rank's values: it holds for a partial sum of equal gradients,
+while a sum of ``s`` independent ones is nearer Gaussian and gets ``1 + (f − 1) / s`` (excess
+kurtosis falls as ``1/s``). Sparse gradients need this: bag-pydoc's rows, each touched by few
+ranks, have factors of 2–6 on one rank but sum to much lighter tails, and a factor applied at
+every hop over-predicted its vNMSE 1.6–3.3×.
 
 **The search.** The predicted error falls as the budget grows (the allocation under a larger
 budget never has a larger modelled error), so :func:`smallest_budget` bisects ``b̄`` on a grid
@@ -145,23 +153,33 @@ def _children(profile: Sequence[tuple[int, float, float]]) -> dict[int, list[int
 
 
 def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
-                profile: Sequence[tuple[int, float, float]], world_size: int
-                ) -> tuple[float, float]:
+                profile: Sequence[tuple[int, float, float]], world_size: int,
+                factor: np.ndarray | None = None) -> tuple[float, float]:
     """The model's squared error of a plan's whole reduce tree, in both regimes.
 
     A compression at hop position ``s`` adds ``v_s`` times what it codes: the partial sum's
-    energy (``s E / n`` for independent gradients, ``s² E / n`` for equal ones) *plus the error
-    its children's compressions left in it*, which matters at the narrow widths (``v`` of order
-    0.1–1): ``A(s) = v_s (e_s + Σ_c A(c)) + Σ_c A(c)`` over the children ``c`` of a position,
-    and the owner's ``A(n)`` is the tree's error.
+    energy ``e_s`` (``s E / n`` for independent gradients, ``s² E / n`` for equal ones) plus
+    the error its children's compressions left in it, counted up to ``e_s``:
+    ``A(s) = v_s (e_s + min(Σ_c A(c), e_s)) + Σ_c A(c)`` over the children ``c`` of a position,
+    and the owner's ``A(n)`` is the tree's error. (Values a child already rounded onto the
+    levels gain little error when recoded, so the inherited error does not compound hop after
+    hop; uncapped, it predicted 16 times the measured error of lstm-stdlib's faint super-groups
+    at width 2.)
+
+    ``v_s`` is the option's Gaussian error times its calibration factor ``f`` (the shape of one
+    rank's values): an equal partial sum keeps that shape, while a sum of ``s`` independent
+    contributions is nearer Gaussian, ``1 + (f − 1) / s`` (the excess kurtosis of a sum of
+    ``s`` independent terms falls as ``1/s``).
 
     Args:
         energy: float64 ``[m]``, every super-group's global energy (non-finite: left out).
         plan: The :class:`~dynamiq.codecs.dynamiq.WidthPlan` (its :attr:`hops`, or one plan).
-        errors: float64 ``[options]``, every option's relative error.
+        errors: float64 ``[options]``, every option's relative error on Gaussian values.
         profile: The schedule's :meth:`~dynamiq.topologies.Schedule.hop_profile`; empty: a
             ring's of ``world_size``.
         world_size: Number of ranks ``n``.
+        factor: float64 ``[options]``, every option's calibration factor
+            (:func:`calibration`); ``None``: 1.
 
     Returns:
         ``(independent, equal)`` squared errors, summed over the super-groups.
@@ -171,20 +189,27 @@ def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
     if not prof:
         return 0.0, 0.0
     e = np.where(np.isfinite(energy), energy, 0.0)
+    errors = np.asarray(errors, dtype=np.float64)
     kids = _children(prof)
     out = []
     for power in (1, 2):
         acc: dict[int, np.ndarray] = {}
         for s, _, _ in sorted(prof):
             inner = sum((acc[c] for c in kids[s]), np.zeros_like(e))
-            acc[s] = errors[plan.for_summands(s).choice] * (s ** power / n * e + inner) + inner
+            choice = plan.for_summands(s).choice
+            v = errors[choice]
+            if factor is not None:
+                f = factor[choice]
+                v = v * (f if power == 2 else 1.0 + (f - 1.0) / s)
+            coded = s ** power / n * e
+            acc[s] = v * (coded + np.minimum(inner, coded)) + inner
         out.append(float(acc[max(acc)].sum()))
     return out[0], out[1]
 
 
 def tree_vnmse(energy: np.ndarray, plan, errors: np.ndarray,
                profile: Sequence[tuple[int, float, float]], removed: float = 0.0,
-               world_size: int = 1) -> float:
+               world_size: int = 1, factor: np.ndarray | None = None) -> float:
     """The model's vNMSE of one call: the geometric mean of :func:`tree_errors`' two regimes,
     each against the sum's energy in that regime (``E + removed`` and ``n E + removed``)."""
     tot = float(np.where(np.isfinite(energy), energy, 0.0).sum())
@@ -192,7 +217,7 @@ def tree_vnmse(energy: np.ndarray, plan, errors: np.ndarray,
         return 0.0
     n = max(1, int(world_size))
     r = max(0.0, float(removed)) if math.isfinite(removed) else 0.0
-    ind, eq = tree_errors(energy, plan, errors, profile, n)
+    ind, eq = tree_errors(energy, plan, errors, profile, n, factor)
     return math.sqrt(ind / (tot + r) * eq / (n * tot + r))
 
 
@@ -357,13 +382,13 @@ def targeted_choice(codec, energy: np.ndarray, costs: np.ndarray, length: int, m
     goal = (reference_error(codec.target) * math.sqrt(factors[0] * factors[1])
             if isinstance(codec.target, str) else codec.target)
     errors = np.array([measured_error(q) for q in codec.quantizers])
-    errors = errors * calibration(stats, errors, errors.size)
+    factor = calibration(stats, errors, errors.size)
     picks: dict = {}
     rem = stats.get(REMOVED_ENERGY)
     removed = float(rem.double().sum()) if rem is not None else 0.0
 
     def vnmse(plan) -> float:
-        return tree_vnmse(energy, plan, errors, profile, removed, world_size)
+        return tree_vnmse(energy, plan, errors, profile, removed, world_size, factor)
 
     def predict(b: float) -> float:
         picks[b] = codec._allocate(energy, b * length - meta, costs, length, profile, state)

@@ -142,7 +142,8 @@ def test_target_mode_respects_max_bits_and_agrees_with_the_fixed_budget():
 def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
     """With one plan and tiny errors the children's error is negligible: the tree's error is
     ``v c E`` in both regimes (ring of 8: c = 4.5 and n · 3.19); with ``v = 1`` at the leaves
-    of a chain it compounds."""
+    of a chain it compounds, the inherited error counted up to the partial sum's energy; a
+    calibration factor holds for equal partial sums and fades as ``1/s`` for independent ones."""
     from dynamiq.codecs.dynamiq import WidthPlan
     from dynamiq.codecs.dynamiq.hops import ring_profile
     from dynamiq.codecs.dynamiq.target import tree_errors
@@ -154,8 +155,13 @@ def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
     assert ind == pytest.approx(1e-9 * c_ind * 4.0, rel=1e-6)
     assert eq == pytest.approx(1e-9 * c_eq * 8 * 4.0, rel=1e-6)
     big, _ = tree_errors(e, plan, np.array([1.0]), ring_profile(3), 3)
-    # A(1) = E/3, A(2) = (2E/3 + A(1)) + A(1) = 4E/3, A(3) = (E + A(2)) + A(2) = 11E/3
-    assert big == pytest.approx(11.0 / 3.0 * 4.0)
+    # A(1) = E/3, A(2) = (2E/3 + A(1)) + A(1) = 4E/3, A(3) = (E + min(A(2), E)) + A(2) = 10E/3
+    assert big == pytest.approx(10.0 / 3.0 * 4.0)
+    f = np.array([3.0])
+    ind_f, eq_f = tree_errors(e, plan, np.array([1e-9]), ring_profile(8), 8, factor=f)
+    # equal: every hop's error times 3; independent: hop s's times 1 + 2/s, weighted by s
+    assert eq_f == pytest.approx(3.0 * eq, rel=1e-6)
+    assert ind_f == pytest.approx(1e-9 * 4.0 * sum(s + 2.0 for s in range(1, 9)) / 8, rel=1e-6)
 
 
 def test_calibration_sample_weighs_every_nonzero_super_group_alike():
