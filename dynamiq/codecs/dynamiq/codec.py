@@ -371,8 +371,8 @@ class DynamiQ(PartialSumCodec):
 
     def metadata_bits(self, length: int) -> int:
         """With a :attr:`target`, the calibration's float32 sums (one per option, plus the
-        sampled energy); nothing otherwise."""
-        return 32 * (len(self.options) + 1) if self.target is not None and self.variable else 0
+        sampled energy and its share of zeros); nothing otherwise."""
+        return 32 * (len(self.options) + 2) if self.target is not None and self.variable else 0
 
     def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
         """With a :attr:`target`: this rank's calibration sums (see

@@ -43,11 +43,14 @@ relative error per super-group over the Gaussian one), which multiplies the meas
 A sample of the most energetic super-groups instead missed the error of the many mid-energy
 ones, where the narrow widths go (1.2 against 1.5–1.8 on minilm-mlm).
 
-The factor ``f`` describes one rank's values: it holds for a partial sum of equal gradients,
-while a sum of ``s`` independent ones is nearer Gaussian and gets ``1 + (f − 1) / s`` (excess
-kurtosis falls as ``1/s``). Sparse gradients need this: bag-pydoc's rows, each touched by few
-ranks, have factors of 2–6 on one rank but sum to much lighter tails, and a factor applied at
-every hop over-predicted its vNMSE 1.6–3.3×.
+The factor ``f`` describes one rank's values. A partial sum of equal gradients keeps their
+shape, and so does a sum of independent dense ones whose large coordinates sit at the same
+places on every rank (minilm-mlm: its partial sums err as much as one rank's values predict).
+Heavy tails that come from a sparse support, exact zeros where a rank's rows were not touched,
+fill in as the ranks' contributions add up. So the sample also reports its share ``z`` of exact
+zeros (:func:`zero_share`), and in the independent regime a partial sum of ``s`` contributions
+gets ``1 + (f − 1)(1 − z + z / s)``. On bag-pydoc (factors of 2–6 on one rank) a factor
+applied at every hop over-predicted its vNMSE 1.6–3.3×.
 
 **The search.** The predicted error falls as the budget grows (the allocation under a larger
 budget never has a larger modelled error), so :func:`smallest_budget` bisects ``b̄`` on a grid
@@ -82,6 +85,7 @@ __all__ = [
     "targeted_choice",
     "tree_errors",
     "tree_vnmse",
+    "zero_share",
 ]
 
 #: Grid of the chosen budgets (bits per coordinate): fine enough that the chosen budget is within
@@ -154,7 +158,7 @@ def _children(profile: Sequence[tuple[int, float, float]]) -> dict[int, list[int
 
 def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
                 profile: Sequence[tuple[int, float, float]], world_size: int,
-                factor: np.ndarray | None = None) -> tuple[float, float]:
+                factor: np.ndarray | None = None, zeros: float = 0.0) -> tuple[float, float]:
     """The model's squared error of a plan's whole reduce tree, in both regimes.
 
     A compression at hop position ``s`` adds ``v_s`` times what it codes: the partial sum's
@@ -167,9 +171,11 @@ def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
     at width 2.)
 
     ``v_s`` is the option's Gaussian error times its calibration factor ``f`` (the shape of one
-    rank's values): an equal partial sum keeps that shape, while a sum of ``s`` independent
-    contributions is nearer Gaussian, ``1 + (f − 1) / s`` (the excess kurtosis of a sum of
-    ``s`` independent terms falls as ``1/s``).
+    rank's values). A partial sum of equal gradients keeps that shape, and so does one of
+    independent dense gradients whose large coordinates sit at the same places on every rank;
+    but the share ``z`` of ``f − 1`` that comes from a sparse support (exact zeros, different on
+    every rank) fills in as independent contributions add up: ``1 + (f − 1)(1 − z + z / s)``
+    in the independent regime.
 
     Args:
         energy: float64 ``[m]``, every super-group's global energy (non-finite: left out).
@@ -180,6 +186,7 @@ def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
         world_size: Number of ranks ``n``.
         factor: float64 ``[options]``, every option's calibration factor
             (:func:`calibration`); ``None``: 1.
+        zeros: The calibration sample's share of exact zeros, :func:`zero_share`.
 
     Returns:
         ``(independent, equal)`` squared errors, summed over the super-groups.
@@ -200,7 +207,7 @@ def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
             v = errors[choice]
             if factor is not None:
                 f = factor[choice]
-                v = v * (f if power == 2 else 1.0 + (f - 1.0) / s)
+                v = v * (f if power == 2 else 1.0 + (f - 1.0) * (1.0 - zeros + zeros / s))
             coded = s ** power / n * e
             acc[s] = v * (coded + np.minimum(inner, coded)) + inner
         out.append(float(acc[max(acc)].sum()))
@@ -209,7 +216,8 @@ def tree_errors(energy: np.ndarray, plan, errors: np.ndarray,
 
 def tree_vnmse(energy: np.ndarray, plan, errors: np.ndarray,
                profile: Sequence[tuple[int, float, float]], removed: float = 0.0,
-               world_size: int = 1, factor: np.ndarray | None = None) -> float:
+               world_size: int = 1, factor: np.ndarray | None = None, zeros: float = 0.0
+               ) -> float:
     """The model's vNMSE of one call: the geometric mean of :func:`tree_errors`' two regimes,
     each against the sum's energy in that regime (``E + removed`` and ``n E + removed``)."""
     tot = float(np.where(np.isfinite(energy), energy, 0.0).sum())
@@ -217,7 +225,7 @@ def tree_vnmse(energy: np.ndarray, plan, errors: np.ndarray,
         return 0.0
     n = max(1, int(world_size))
     r = max(0.0, float(removed)) if math.isfinite(removed) else 0.0
-    ind, eq = tree_errors(energy, plan, errors, profile, n, factor)
+    ind, eq = tree_errors(energy, plan, errors, profile, n, factor, zeros)
     return math.sqrt(ind / (tot + r) * eq / (n * tot + r))
 
 
@@ -257,8 +265,9 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
         seed: Seed of the sample's rounding.
 
     Returns:
-        ``{CALIBRATION_ERRORS: (float64 [options], "sum"), CALIBRATION_ENERGY: (float64 [1],
-        "sum")}``: the squared errors of coding the sample with each option, and its energy.
+        ``{CALIBRATION_ERRORS: (float64 [options], "sum"), CALIBRATION_ENERGY: (float64 [2],
+        "sum")}``: the squared errors of coding the sample with each option, and the sample's
+        energy and its share of exact zeros (per super-group, summed: see :func:`zero_share`).
         The sample is :data:`CALIBRATION_SUPER_GROUPS` whole super-groups evenly spaced along
         the rank's non-zero super-groups sorted by energy, each minus its own mean (what
         centering leaves, near enough) and scaled to unit energy, so that the sums give the
@@ -269,7 +278,7 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
     errs = torch.zeros(k, dtype=torch.float64)
     if m == 0:
         return {CALIBRATION_ERRORS: (errs, "sum"),
-                CALIBRATION_ENERGY: (torch.zeros(1, dtype=torch.float64), "sum")}
+                CALIBRATION_ENERGY: (torch.zeros(2, dtype=torch.float64), "sum")}
     whole = torch.nan_to_num(y.detach()[: m * SUPER_GROUP].view(m, SUPER_GROUP).float(),
                              nan=0.0, posinf=0.0, neginf=0.0)
     # a relative error per super-group, averaged over the rank's non-zero super-groups taken
@@ -280,7 +289,7 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
     nonzero = torch.nonzero(energy > 0).flatten()
     if nonzero.numel() == 0:
         return {CALIBRATION_ERRORS: (errs, "sum"),
-                CALIBRATION_ENERGY: (torch.zeros(1, dtype=torch.float64), "sum")}
+                CALIBRATION_ENERGY: (torch.zeros(2, dtype=torch.float64), "sum")}
     ranked = nonzero[torch.sort(energy[nonzero], stable=True).indices]
     pick = torch.linspace(0, ranked.numel() - 1,
                           min(ranked.numel(), CALIBRATION_SUPER_GROUPS)).round().long()
@@ -293,7 +302,10 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
               else q.decode(q.encode(x, seed=seed, stream=_CALIBRATION_STREAM),
                             seed=seed, stream=_CALIBRATION_STREAM))
         errs[i] = float(((xh.double() - x64) ** 2).sum())
-    energy = torch.tensor([float((x64 * x64).sum())], dtype=torch.float64)
+    # exact zeros inside non-zero super-groups: a sparse gradient's (rows that only some ranks
+    # touch), whose heavy tails fill in when the ranks' contributions add up
+    zeros = float((whole[idx.to(whole.device)] == 0).double().mean(1).sum())
+    energy = torch.tensor([float((x64 * x64).sum()), zeros], dtype=torch.float64)
     return {CALIBRATION_ERRORS: (errs, "sum"), CALIBRATION_ENERGY: (energy, "sum")}
 
 
@@ -317,6 +329,20 @@ def calibration(stats: Mapping[str, torch.Tensor], errors: np.ndarray, options: 
     with np.errstate(divide="ignore", invalid="ignore"):
         f = (e / tot) / errors
     return np.clip(np.where(np.isfinite(f) & (f > 0), f, 1.0), 0.25, 8.0)
+
+
+def zero_share(stats: Mapping[str, torch.Tensor]) -> float:
+    """The mean share of exact zeros in the calibration's sampled super-groups, over every
+    rank (0 where the sums are missing or empty): how much of the sample's heavy tails come
+    from a sparse support, which differs between ranks, rather than from the values' shape."""
+    en = stats.get(CALIBRATION_ENERGY)
+    if en is None:
+        return 0.0
+    en = np.asarray(en, dtype=np.float64).reshape(-1)
+    if en.size < 2 or not (np.all(np.isfinite(en[:2])) and en[0] > 0):
+        return 0.0
+    # every sampled super-group has unit energy: the energy sum counts the sample
+    return float(np.clip(en[1] / en[0], 0.0, 1.0))
 
 
 def reference_error(name: str) -> float:
@@ -383,12 +409,13 @@ def targeted_choice(codec, energy: np.ndarray, costs: np.ndarray, length: int, m
             if isinstance(codec.target, str) else codec.target)
     errors = np.array([measured_error(q) for q in codec.quantizers])
     factor = calibration(stats, errors, errors.size)
+    zeros = zero_share(stats)
     picks: dict = {}
     rem = stats.get(REMOVED_ENERGY)
     removed = float(rem.double().sum()) if rem is not None else 0.0
 
     def vnmse(plan) -> float:
-        return tree_vnmse(energy, plan, errors, profile, removed, world_size, factor)
+        return tree_vnmse(energy, plan, errors, profile, removed, world_size, factor, zeros)
 
     def predict(b: float) -> float:
         picks[b] = codec._allocate(energy, b * length - meta, costs, length, profile, state)

@@ -143,7 +143,8 @@ def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
     """With one plan and tiny errors the children's error is negligible: the tree's error is
     ``v c E`` in both regimes (ring of 8: c = 4.5 and n · 3.19); with ``v = 1`` at the leaves
     of a chain it compounds, the inherited error counted up to the partial sum's energy; a
-    calibration factor holds for equal partial sums and fades as ``1/s`` for independent ones."""
+    calibration factor holds, except for the sparse share of it in independent partial sums,
+    which fades as ``1/s``."""
     from dynamiq.codecs.dynamiq import WidthPlan
     from dynamiq.codecs.dynamiq.hops import ring_profile
     from dynamiq.codecs.dynamiq.target import tree_errors
@@ -159,9 +160,28 @@ def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
     assert big == pytest.approx(10.0 / 3.0 * 4.0)
     f = np.array([3.0])
     ind_f, eq_f = tree_errors(e, plan, np.array([1e-9]), ring_profile(8), 8, factor=f)
-    # equal: every hop's error times 3; independent: hop s's times 1 + 2/s, weighted by s
+    # a dense sample: the factor holds at every hop in both regimes
     assert eq_f == pytest.approx(3.0 * eq, rel=1e-6)
-    assert ind_f == pytest.approx(1e-9 * 4.0 * sum(s + 2.0 for s in range(1, 9)) / 8, rel=1e-6)
+    assert ind_f == pytest.approx(3.0 * ind, rel=1e-6)
+    # an all-sparse sample: in the independent regime hop s's factor is 1 + 2/s, weighted by s
+    ind_z, eq_z = tree_errors(e, plan, np.array([1e-9]), ring_profile(8), 8, factor=f, zeros=1.0)
+    assert eq_z == pytest.approx(3.0 * eq, rel=1e-6)
+    assert ind_z == pytest.approx(1e-9 * 4.0 * sum(s + 2.0 for s in range(1, 9)) / 8, rel=1e-6)
+
+
+def test_zero_share_counts_the_sparse_support():
+    """The calibration sample reports the share of exact zeros in its super-groups."""
+    from dynamiq.codecs.dynamiq.target import CALIBRATION_ENERGY, calibration_sums, zero_share
+
+    codec = DynamiQ(target=1e-3)
+    g = torch.Generator().manual_seed(4)
+    dense = torch.randn(64 * 256, generator=g)
+    sparse = dense * (torch.rand(64 * 256, generator=g) < 0.25)
+    share = {name: zero_share({CALIBRATION_ENERGY: calibration_sums(x, codec.quantizers, 0)[
+        CALIBRATION_ENERGY][0]}) for name, x in (("dense", dense), ("sparse", sparse))}
+    assert share["dense"] == 0.0
+    assert share["sparse"] == pytest.approx(0.75, abs=0.02)
+    assert zero_share({}) == 0.0
 
 
 def test_calibration_sample_weighs_every_nonzero_super_group_alike():
