@@ -25,6 +25,7 @@ from dynamiq.codecs.base import (
     check_writeback,
     hop_backend,
 )
+from dynamiq.codecs.dynamiq.calibration import calibration_sums
 from dynamiq.codecs.dynamiq.errors import width_options
 from dynamiq.codecs.dynamiq.hops import hop_plans, ring_profile
 from dynamiq.codecs.dynamiq.options import (
@@ -36,7 +37,7 @@ from dynamiq.codecs.dynamiq.options import (
 )
 from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
-from dynamiq.codecs.dynamiq.target import calibration_sums, check_target, targeted_choice
+from dynamiq.codecs.dynamiq.target import check_target, targeted_choice
 from dynamiq.metadata import STATISTICS, SUPER_GROUP, metadata_bits
 from dynamiq.quantizers import BlockQuantizer
 from dynamiq.spec import format_call
