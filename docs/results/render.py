@@ -43,6 +43,8 @@ def _table(rows: list[dict], ref: float | None, scale: bool) -> list[str]:
             out.append(f"   * - {r['world_size']}\n     - {r['topology']}\n     - {r['method']}\n"
                        f"     - {r['bits_per_coord']:.3f}\n     - {r['vnmse']:.4g}")
         return out
+    from dynamiq.bench.nmse import target_value
+
     targeted = any(r.get("kind") == "target" for r in rows)
     out.append("   * - method\n     - bits/coord\n     - vNMSE\n     - vs MXFP8\n     - unbiased"
                + ("\n     - vs target" if targeted else ""))
@@ -52,9 +54,7 @@ def _table(rows: list[dict], ref: float | None, scale: bool) -> list[str]:
                 f"     - {r['vnmse']:.4g}\n     - {ratio}\n"
                 f"     - {'yes' if r.get('unbiased') else 'no'}")
         if targeted:
-            # a named target is the measured vNMSE of that method on the same gradients
-            goal = r.get("target")
-            goal = ref if isinstance(goal, str) and goal.lower() == "mxfp8" else goal
+            goal = target_value(r.get("target"), ref)
             line += f"\n     - {r['vnmse'] / goal:.2f}×" if goal else "\n     -"
         out.append(line)
     return out

@@ -39,6 +39,7 @@ __all__ = [
     "method_pipeline",
     "plot_rows",
     "run",
+    "target_value",
 ]
 
 #: Methods compared by default (registered pipeline names).
@@ -189,17 +190,18 @@ def _fmt_table(rows: list[Row], reference: float | None) -> str:
         if with_bias:
             line += f"  {r.bias:11.3g}" if r.bias is not None else " " * 13
         if with_target and r.target is not None:
-            goal = _target_value(r, reference)
+            goal = target_value(r.target, reference)
             line += f"  {r.vnmse / goal:9.2f}x" if goal else ""
         lines.append(line)
     return "\n".join(lines)
 
 
-def _target_value(row: Row, reference: float | None) -> float | None:
-    """The vNMSE a target row aimed at: its number, or the measured reference it names."""
-    if isinstance(row.target, str):
-        return reference if row.target == "mxfp8" else None
-    return row.target
+def target_value(target: float | str | None, reference: float | None) -> float | None:
+    """The vNMSE a target aimed at: its number, or for ``"mxfp8"`` the measured vNMSE of the
+    ``mxfp8`` row on the same gradients (``reference``); ``None`` for no or another target."""
+    if isinstance(target, str):
+        return reference if target.strip().lower() == "mxfp8" else None
+    return target
 
 
 #: How much the correlated-rounding step of the ablation may raise vNMSE and still count as

@@ -88,8 +88,8 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
     ranked = nonzero[torch.sort(energy[nonzero], stable=True).indices]
     pick = torch.linspace(0, ranked.numel() - 1,
                           min(ranked.numel(), CALIBRATION_SUPER_GROUPS)).round().long()
-    idx = torch.unique(ranked[pick])
-    x = xc[idx.to(whole.device)].cpu().double()
+    idx = torch.unique(ranked[pick]).to(whole.device)
+    x = xc[idx].cpu().double()
     x = (x / x.norm(dim=1, keepdim=True)).float().reshape(-1).contiguous()
     x64 = x.double()
     for i, q in enumerate(quantizers):
@@ -99,7 +99,7 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
         errs[i] = float(((xh.double() - x64) ** 2).sum())
     # exact zeros inside non-zero super-groups: a sparse gradient's (rows that only some ranks
     # touch), whose heavy tails fill in when the ranks' contributions add up
-    zeros = float((whole[idx.to(whole.device)] == 0).double().mean(1).sum())
+    zeros = float((whole[idx] == 0).double().mean(1).sum())
     energy = torch.tensor([float((x64 * x64).sum()), zeros], dtype=torch.float64)
     return {CALIBRATION_ERRORS: (errs, "sum"), CALIBRATION_ENERGY: (energy, "sum")}
 

@@ -8,9 +8,12 @@ from dynamiq.codecs import DynamiQ
 from dynamiq.codecs.dynamiq.calibration import (
     CALIBRATION_ENERGY,
     CALIBRATION_ERRORS,
+    CALIBRATION_SUPER_GROUPS,
     calibration,
     calibration_sums,
+    zero_share,
 )
+from dynamiq.codecs.dynamiq.errors import measured_error
 
 
 def test_calibration_sees_heavy_tails():
@@ -18,7 +21,6 @@ def test_calibration_sees_heavy_tails():
     codec = DynamiQ(target=1e-3)
     gauss = torch.randn(1 << 16, generator=g)
     heavy = gauss * torch.rand(1 << 16, generator=g).pow(-0.6)  # Pareto-like magnitudes
-    from dynamiq.codecs.dynamiq.errors import measured_error
     v = np.array([measured_error(q) for q in codec.quantizers])
     k = len(codec.options)
 
@@ -36,8 +38,6 @@ def test_calibration_sees_heavy_tails():
 
 def test_zero_share_counts_the_sparse_support():
     """The calibration sample reports the share of exact zeros in its super-groups."""
-    from dynamiq.codecs.dynamiq.calibration import CALIBRATION_ENERGY, calibration_sums, zero_share
-
     codec = DynamiQ(target=1e-3)
     g = torch.Generator().manual_seed(4)
     dense = torch.randn(64 * 256, generator=g)
@@ -53,13 +53,6 @@ def test_calibration_sample_weighs_every_nonzero_super_group_alike():
     """The sample is spread along the energy order of the non-zero super-groups and each is
     scaled to unit energy: the energy sum counts them, zero super-groups are not sampled, and
     one huge super-group does not decide the factor."""
-    from dynamiq.codecs.dynamiq.calibration import (
-        CALIBRATION_ENERGY,
-        CALIBRATION_ERRORS,
-        CALIBRATION_SUPER_GROUPS,
-        calibration_sums,
-    )
-
     codec = DynamiQ()
     g = torch.Generator().manual_seed(0)
     y = torch.randn(400 * 256, generator=g)
