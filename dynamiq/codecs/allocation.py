@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 
 __all__ = ["WidthOption", "allocate", "lagrangian_choice"]
@@ -132,20 +133,50 @@ def _row_classes(cost: np.ndarray) -> list[np.ndarray]:
     return np.split(order, bounds)
 
 
+@nb.njit(cache=True)
+def _count_cuts(e, derr, dcost, lam, cuts):  # pragma: no cover - compiled
+    """Per upgrade column ``k``, how many of the sorted energies ``e`` have a threshold
+    ``(e · derr[k]) / dcost[k]`` of at most ``lam`` (into ``cuts``); returns the bits of the
+    upgrades above ``lam``. The thresholds are evaluated in the binary search itself, with
+    the same two roundings as everywhere else (no column of them is stored)."""
+    r = e.size
+    spent = 0.0
+    for k in range(derr.size):
+        lo, hi = 0, r
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if (e[mid] * derr[k]) / dcost[k] <= lam:
+                lo = mid + 1
+            else:
+                hi = mid
+        cuts[k] = lo
+        spent += (r - lo) * dcost[k]
+    return spent
+
+
 @dataclass
 class _Block:
     """The super-groups of one large cost class, sorted by energy: each upgrade's thresholds
-    form a sorted column, so "how many exceed ``λ``" is a binary search."""
+    ``E_j · Δv / Δc`` then ascend with the position, so "how many exceed ``λ``" is a binary
+    search per upgrade (compiled, :func:`_count_cuts`: the bisection asks it some fifty
+    times per call)."""
 
     rows: np.ndarray  # int64 [r], super-group indices by increasing energy
-    cols: np.ndarray  # float64 [r, h], thresholds, ascending down each column
+    energy: np.ndarray  # float64 [r], their energies (ascending)
+    derr: np.ndarray  # float64 [h], each upgrade's error decrease
     col_cost: np.ndarray  # float64 [h], each upgrade's cost
     common: np.ndarray  # int64 [h + 1], the option of every hull vertex
 
-    def cuts(self, lam: float) -> np.ndarray:
-        """Per column, the first sorted position whose threshold exceeds ``lam``."""
-        return np.array([np.searchsorted(self.cols[:, k], lam, side="right")
-                         for k in range(self.cols.shape[1])], dtype=np.int64)
+    def thresholds(self, pos: np.ndarray, col: int) -> np.ndarray:
+        """float64: the thresholds of upgrade ``col`` at sorted positions ``pos``."""
+        return (self.energy[pos] * self.derr[col]) / self.col_cost[col]
+
+    def cuts(self, lam: float) -> tuple[np.ndarray, float]:
+        """Per column, the first sorted position whose threshold exceeds ``lam``, and the bits
+        of the upgrades from there on."""
+        out = np.empty(self.derr.size, dtype=np.int64)
+        spent = _count_cuts(self.energy, self.derr, self.col_cost, float(lam), out)
+        return out, float(spent)
 
 
 class _Upgrades:
@@ -167,8 +198,7 @@ class _Upgrades:
             v, derr, dcost = _hull_path(err, cost[rows[0]])
             if i == big or rows.size > _FEW:
                 order = rows[np.argsort(e[rows])]  # ties: any order (walked by index below)
-                self.blocks.append(_Block(order, (e[order][:, None] * derr[None, :])
-                                          / dcost[None, :], dcost, v))
+                self.blocks.append(_Block(order, np.ascontiguousarray(e[order]), derr, dcost, v))
             else:
                 for j in rows:
                     self.vertices[int(j)] = v
@@ -183,16 +213,15 @@ class _Upgrades:
         self.xt, self.xj = cat(ts, np.float64), cat(js, np.int64)
         self.xk, self.xc = cat(ks, np.int64), cat(cs, np.float64)
 
-    def _cuts(self, lam: float) -> list[np.ndarray]:
-        return [b.cuts(lam) for b in self.blocks]
-
-    def spend(self, lam: float, cuts: list[np.ndarray] | None = None) -> float:
-        """Bits of every upgrade whose threshold exceeds ``lam`` (``cuts``: its
-        :meth:`_cuts`, when already at hand)."""
-        cuts = self._cuts(lam) if cuts is None else cuts
-        return float(sum(((b.rows.size - c) * b.col_cost).sum()
-                         for b, c in zip(self.blocks, cuts))
-                     + self.xc[self.xt > lam].sum())
+    def _cuts(self, lam: float) -> tuple[list[np.ndarray], float]:
+        """Every block's :meth:`_Block.cuts` at ``lam``, and the bits of every upgrade whose
+        threshold exceeds ``lam``."""
+        cuts, spent = [], float(self.xc[self.xt > lam].sum())
+        for b in self.blocks:
+            c, bits = b.cuts(lam)
+            cuts.append(c)
+            spent += bits
+        return cuts, spent
 
     def _between(self, cut_lo: list[np.ndarray], cut_hi: list[np.ndarray]) -> int:
         return int(sum((h - lo).sum() for lo, h in zip(cut_lo, cut_hi)))
@@ -202,28 +231,35 @@ class _Upgrades:
         ties by super-group then along the hull, each while it fits, until the first that does
         not), and the threshold of that first one (``-inf`` when all are taken)."""
         lo = hi = 0.0
-        cut_lo = cut_hi = self._cuts(0.0)
-        if self.spend(0.0, cut_lo) > left:
+        cut_lo, spent_hi = self._cuts(0.0)
+        cut_hi = cut_lo
+        if spent_hi > left:
             # the smallest and largest positive thresholds: a column's ends, the listed ones'
-            cols = [c for b in self.blocks for c in b.cols.T if c.size]
-            first = [float(c[np.searchsorted(c, 0.0, side="right")]) for c in cols if c[-1] > 0]
+            first, top = [], []
+            for b, c0 in zip(self.blocks, cut_lo):
+                for k in range(b.derr.size):
+                    if c0[k] < b.rows.size:
+                        first.append(float(b.thresholds(c0[k], k)))
+                    if b.rows.size:
+                        top.append(float(b.thresholds(b.rows.size - 1, k)))
             first += [float(t) for t in self.xt[self.xt > 0]]
-            top = [float(c[-1]) for c in cols] + [float(t) for t in self.xt]
+            top += [float(t) for t in self.xt]
             lo, hi = min(first) / 2, max(top)
-            cut_lo, cut_hi = self._cuts(lo), self._cuts(hi)
+            cut_lo = self._cuts(lo)[0]
+            cut_hi, spent_hi = self._cuts(hi)
             # bisection on log2 λ: spend(lo) > left >= spend(hi)
             while (self._between(cut_lo, cut_hi)
                    + ((self.xt > lo) & (self.xt <= hi)).sum()) > _FEW:
                 mid = float(np.exp2(0.5 * (np.log2(lo) + np.log2(hi))))
                 if not lo < mid < hi:
                     break  # the rest tie: walked in order below
-                cut_mid = self._cuts(mid)
-                if self.spend(mid, cut_mid) <= left:
-                    hi, cut_hi = mid, cut_mid
+                cut_mid, spent_mid = self._cuts(mid)
+                if spent_mid <= left:
+                    hi, cut_hi, spent_hi = mid, cut_mid, spent_mid
                 else:
                     lo, cut_lo = mid, cut_mid
         # (hi = 0 when every upgrade worth anything fits)
-        left -= self.spend(hi, cut_hi)
+        left -= spent_hi
         # every upgrade above hi is taken: per column a suffix of the sorted positions
         ups = np.zeros(self.size, dtype=np.int64)
         for b, ch in zip(self.blocks, cut_hi):
@@ -233,9 +269,9 @@ class _Upgrades:
         # the upgrades inside (lo, hi], walked in order while they fit
         t, j, k, c = [], [], [], []
         for b, cl, ch in zip(self.blocks, cut_lo, cut_hi):
-            for col in range(b.cols.shape[1]):
+            for col in range(b.derr.size):
                 p = np.arange(cl[col], ch[col])
-                t.append(b.cols[p, col])
+                t.append(b.thresholds(p, col))
                 j.append(b.rows[p])
                 k.append(np.full(p.size, col))
                 c.append(np.full(p.size, b.col_cost[col]))
@@ -322,18 +358,35 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     err = np.array([o.error for o in options])
     if m == 0:
         return np.zeros(0, dtype=np.int64)
-    cheapest = np.argmin(cost, axis=1).astype(np.int64)
-    if _total(cheapest, cost) >= budget or len(options) == 1:
+    classes = _classes_of(cost, cost_key)
+    if classes is None:
+        cheapest = np.argmin(cost, axis=1).astype(np.int64)
+        floor = _total(cheapest, cost)
+        best = np.full(m, int(np.argmin(err)), dtype=np.int64)
+        ceiling = _total(best, cost)
+    else:
+        # every row of a class is the same: one row's facts stand for the class's (the costs
+        # are whole bits, so the totals are exact in any order)
+        cheapest = np.empty(m, dtype=np.int64)
+        floor = ceiling = 0.0
+        b = int(np.argmin(err))
+        for rows in classes:
+            row = cost[rows[0]]
+            c0 = int(np.argmin(row))
+            cheapest[rows] = c0
+            floor += rows.size * float(row[c0])
+            ceiling += rows.size * float(row[b])
+        best = np.full(m, b, dtype=np.int64)
+    if floor >= budget or len(options) == 1:
         return cheapest
-    best = np.full(m, int(np.argmin(err)), dtype=np.int64)
-    if _total(best, cost) <= budget:
+    if ceiling <= budget:
         return best
     # the allocation only depends on energy ratios: normalise (an infinite energy is "more
     # than anything else": it ranks first)
     finite = energy[np.isfinite(energy)]
     top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     e = np.where(np.isfinite(energy), energy / top, 2.0**100)
-    upgrades = _Upgrades(e, err, cost, _classes_of(cost, cost_key))
-    ups, stop = upgrades.take(budget - _total(cheapest, cost))
+    upgrades = _Upgrades(e, err, cost, classes)
+    ups, stop = upgrades.take(budget - floor)
     state["log2_lambda"] = float(np.log2(stop)) if stop > 0 else -np.inf
     return upgrades.choice(ups)
