@@ -19,6 +19,7 @@ same bits.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
@@ -27,6 +28,10 @@ from dynamiq.codecs.allocation import WidthOption, allocate
 from dynamiq.codecs.dynamiq.plan import WidthPlan
 
 __all__ = ["hop_plans", "ring_profile"]
+
+#: Stacked per-hop costs of recent keys (a few: one per tensor size and schedule).
+_COSTS: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+_COSTS_KEPT = 8
 
 
 def ring_profile(world_size: int) -> tuple[tuple[int, float, float], ...]:
@@ -63,8 +68,19 @@ def hop_plans(energy: np.ndarray, options: list[WidthOption], budget: float,
     m = energy.size
     sent_total = sum(k for _, _, k in profile)
     e = np.concatenate([energy * (coded * s) for s, coded, _ in profile])
-    c = np.concatenate([costs * sent for _, _, sent in profile])
     key = None if cost_key is None else ("hops", cost_key, profile)
+    c = _COSTS.get(key) if key is not None else None
+    if c is None:
+        # every hop's costs stacked: as large as the vector's float32 bytes times the options,
+        # and the same on every call of one key, so built once per key
+        c = np.concatenate([costs * sent for _, _, sent in profile])
+        if key is not None:
+            c.flags.writeable = False  # shared by later calls
+            _COSTS[key] = c
+            while len(_COSTS) > _COSTS_KEPT:
+                _COSTS.popitem(last=False)
+    else:
+        _COSTS.move_to_end(key)
     choice = allocate(e, options, budget * sent_total, state, c, key)
     hops: dict[int, WidthPlan] = {}
     spent = 0.0
