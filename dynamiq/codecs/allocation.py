@@ -29,12 +29,14 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-__all__ = ["WidthOption", "allocate", "lagrangian_choice"]
+__all__ = ["RELATIVE_FLOOR", "WidthOption", "allocate", "lagrangian_choice"]
 
 #: Weights of the cost rows' keys (:func:`_row_classes`); fixed so every rank groups alike.
 _ROW_KEY = 1.0 + np.random.default_rng(0x5EED).random((2, 64))
 #: Below this many upgrades inside the bracket the bisection stops and the rest are sorted.
 _FEW = 64
+#: Energies below this fraction of the largest count as 0 (no upgrade is worth their bits).
+RELATIVE_FLOOR = 2.0**-600
 
 
 @dataclass(frozen=True)
@@ -386,6 +388,9 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     finite = energy[np.isfinite(energy)]
     top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     e = np.where(np.isfinite(energy), energy / top, 2.0**100)
+    # energies this far below the largest are nothing to code; as subnormals their thresholds
+    # would keep too few bits to order alike under different weights (hop positions)
+    e = np.where(e < RELATIVE_FLOOR, 0.0, e)
     upgrades = _Upgrades(e, err, cost, classes)
     ups, stop = upgrades.take(budget - floor)
     state["log2_lambda"] = float(np.log2(stop)) if stop > 0 else -np.inf

@@ -30,7 +30,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from dynamiq.codecs.allocation import WidthOption, allocate, lagrangian_choice
+from dynamiq.codecs.allocation import RELATIVE_FLOOR, WidthOption, allocate, lagrangian_choice
 from dynamiq.codecs.dynamiq import DynamiQ
 
 # Widths {2, 4, 8} at the codec's exact wire cost per super-group (256 w value bits + 16 UINT8
@@ -311,6 +311,7 @@ def _walk(energy, options, budget, costs):
     fin = e[np.isfinite(e)]
     top = float(fin.max()) if fin.size and fin.max() > 0 else 1.0
     e = np.where(np.isfinite(e), e / top, 2.0**100)
+    e = np.where(e < RELATIVE_FLOOR, 0.0, e)
     choice = np.argmin(costs, axis=1)
     ups = []
     for j, row in enumerate(costs):
@@ -388,3 +389,13 @@ def test_a_cost_key_remembers_the_row_classes_without_changing_the_choice():
         budget = float(rs.uniform(costs[:, 0].sum(), costs[:, 2].sum()))
         want = allocate(e, opts, budget, {}, costs)
         assert np.array_equal(allocate(e, opts, budget, {}, costs, cost_key=key), want)
+
+
+def test_energies_below_the_relative_floor_count_as_nothing():
+    """A super-group whose energy is below RELATIVE_FLOOR times the largest keeps the cheapest
+    option even when bits are left, like an empty one (its thresholds would be subnormal)."""
+    e = np.array([1.0, 0.5 * RELATIVE_FLOOR, 0.0, 0.25])
+    lo, mid, hi = (o.cost for o in MEASURED)
+    # the two real super-groups at the top, and bits for one more first upgrade left over
+    got = allocate(e, MEASURED, 2 * hi + 2 * lo + (mid - lo), {})
+    assert got.tolist() == [2, 0, 0, 2]

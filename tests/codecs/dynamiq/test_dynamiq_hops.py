@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _dynamiq_data import SG, gradients, same
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dynamiq import simulate
@@ -26,6 +26,7 @@ def _plans(energy: np.ndarray, bits: float, n: int, codec: DynamiQ | None = None
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 9), st.floats(2.6, 8.0),
        st.lists(st.floats(0.0, 1e6), min_size=1, max_size=60))
+@example(7, 7.0, [1.0, 260175.0, 2.2250738585e-313])  # a subnormal energy among large ones
 def test_later_hops_never_get_a_cheaper_option(n, bits, energies):
     """A partial sum of more contributions weighs more at the same cost, so along a ring's
     reduce chain every super-group's option only moves up its hull (never cheaper); the
