@@ -259,6 +259,20 @@ class RankState:
         self.bytes_sent += data.numel()
         return data
 
+    def values(self, chunk: int) -> torch.Tensor:
+        """float32 view of this rank's accumulator over ``chunk`` (after the all-gather: the
+        decoded result, identical on every rank)."""
+        return self._view(chunk)
+
+    def receive_decoded(self, t: Transfer, data: torch.Tensor, decoded: torch.Tensor) -> None:
+        """Take in the all-gather transfer ``t`` whose bytes ``data`` another rank has already
+        decoded into ``decoded``: what :meth:`receive` would write, without decoding again
+        (every rank decodes the owner's bytes to the same values)."""
+        if t.phase != "gather":
+            raise ValueError("only an all-gather transfer's values can be copied")
+        self.final[t.chunk] = data
+        self._view(t.chunk).copy_(decoded)
+
     def receive(self, t: Transfer, data: torch.Tensor) -> None:
         """Take in the bytes of transfer ``t`` (``t.dst == rank``)."""
         c = t.chunk

@@ -2,7 +2,10 @@
 
 It runs exactly the per-rank logic of :mod:`dynamiq.collectives.engine` (so its results equal
 a distributed run's bit for bit, given the same seeds and call counter) and additionally reports
-the exact error after every step and the bytes each rank sent.
+the exact error after every step and the bytes each rank sent. One shortcut: the all-gather's
+bytes are the owner's, and every rank decodes them to the same values, so each chunk's are
+decoded by its first receiver and copied to the others (every message is still sent and
+counted); the P2P executor, where every rank decodes, checks that equality on every call.
 """
 
 from __future__ import annotations
@@ -153,6 +156,7 @@ def simulate(
     shadow = [y.double() for y in ys] if track_hops else []
     ranks = [RankState(plan, r, ys[r]) for r in range(n)]
     hop = []
+    gathered: dict[int, int] = {}  # chunk -> the first rank that decoded its all-gather bytes
     sched = plan.schedule
     for step in range(sched.steps()):
         ts = [t for t in sched.transfers_at(step) if plan.active(t)]
@@ -172,7 +176,15 @@ def simulate(
             if ref > 0:
                 hop.append(err / ref)
         for t, data in msgs:
-            ranks[t.dst].receive(t, data)
+            first = gathered.get(t.chunk) if t.phase == "gather" else None
+            if first is None:
+                ranks[t.dst].receive(t, data)
+                if t.phase == "gather":
+                    gathered[t.chunk] = t.dst
+            else:
+                # the owner's bytes decode alike on every rank (the executors' invariant,
+                # checked on the P2P executor): decoded once per chunk, copied to the others
+                ranks[t.dst].receive_decoded(t, data, ranks[first].values(t.chunk))
     outs = []
     for r, rs in enumerate(ranks):
         # every rank's result is identical, so the codecs observe it once

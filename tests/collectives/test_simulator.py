@@ -37,7 +37,7 @@ from dynamiq import (
     get_pipeline,
     simulate,
 )
-from dynamiq.collectives.engine import chunk_bounds
+from dynamiq.collectives.engine import Plan, RankState, chunk_bounds
 
 D = 1000
 NS = (1, 2, 3, 4, 8)
@@ -133,6 +133,33 @@ def test_all_ranks_agree_bit_for_bit(key, n):
     assert res.results.shape == (n, D) and res.results.dtype == torch.float32
     for r in range(1, n):
         assert_same_bits(res.results[r], res.results[0], f"rank {r} vs rank 0")
+
+
+@pytest.mark.parametrize(("key", "n"), CASES, ids=IDS)
+def test_every_rank_decodes_the_gathered_bytes_as_the_first_did(key, n, monkeypatch):
+    """The simulator decodes each chunk's all-gather bytes once and copies the values to the
+    other ranks; decoding them on every rank instead gives the same bits."""
+    copies = []
+
+    def decode_and_compare(self, t, data, decoded):
+        self.receive(t, data)
+        assert_same_bits(self.values(t.chunk), decoded, f"chunk {t.chunk} on rank {self.rank}")
+        copies.append(t)
+
+    _, _, res = _run(key, n)
+    monkeypatch.setattr(RankState, "receive_decoded", decode_and_compare)
+    again = simulate(PIPES[key], _inputs(n, D), track_hops=True)
+    assert_same_bits(again.results, res.results, "decoded everywhere vs copied")
+    assert copies or n <= 2 or not any(t.phase == "gather"
+                                       for t in PIPES[key].topology.schedule(n).transfers)
+
+
+def test_only_gathered_values_are_copied():
+    plan = Plan(get_pipeline("mxfp8"), 4, 1024)
+    rs = RankState(plan, 0, torch.zeros(1024))
+    reduce = next(t for t in plan.schedule.transfers if t.phase == "reduce" and t.dst == 0)
+    with pytest.raises(ValueError, match="all-gather"):
+        rs.receive_decoded(reduce, torch.zeros(1, dtype=torch.uint8), torch.zeros(1))
 
 
 @pytest.mark.parametrize(("key", "n"), CASES, ids=IDS)
