@@ -5,7 +5,7 @@ a distributed run's bit for bit, given the same seeds and call counter) and addi
 the exact error after every step and the bytes each rank sent. One shortcut: the all-gather's
 bytes are the owner's, and every rank decodes them to the same values, so each chunk's are
 decoded by its first receiver and copied to the others (every message is still sent and
-counted); the P2P executor, where every rank decodes, checks that equality on every call.
+counted). On the P2P executor every rank decodes them; its tests check that all ranks agree.
 """
 
 from __future__ import annotations
