@@ -31,9 +31,9 @@ assert STAT_OPS == ("sum", "sumsq", "absmax", "csumsq")
 
 #: The float64 sums may be reassociated (and multiply-adds fused): one running sum is a chain
 #: of dependent additions at the adder's latency, several partial sums in vector registers run
-#: at its throughput (measured: seven times faster). The sums then differ from index order by
-#: the partial sums' combination, which :func:`~dynamiq.kernels.blockstats.stats_tolerance`
-#: covers; no flag that assumes finite values is set, so NaN and infinities propagate.
+#: at its throughput. The sums then differ from index order by the partial sums' combination,
+#: which :func:`~dynamiq.kernels.blockstats.stats_tolerance` covers; no flag that assumes
+#: finite values is set, so NaN and infinities propagate.
 _FASTMATH = {"reassoc", "contract"}
 
 
