@@ -248,10 +248,20 @@ class SharedScale(DecodeHops, PartialSumCodec):
             return
         r = result.detach().float().reshape(-1).cpu()
         n = r.numel()
-        blocks = prepared.saturation.numel()
-        pad = torch.zeros(blocks * self.block, dtype=torch.float32)
-        pad[:n] = r.abs()
-        hits = int((pad.view(blocks, self.block) == prepared.saturation[:, None]).sum())
+        sat = prepared.saturation
+        whole = min(n // self.block, sat.numel())
+        hits = 0
+        if whole:
+            v = r[: whole * self.block].view(whole, self.block)
+            # two reductions find the blocks that reach their saturation value (or hold a NaN,
+            # which hides the maximum): only those are compared element by element, so the
+            # count costs two reads of the result instead of a copy, a padding and a compare
+            top = torch.maximum(v.amax(1), -v.amin(1))
+            cand = torch.nonzero((top >= sat[:whole]) | torch.isnan(top)).flatten()
+            if cand.numel():
+                hits += int((v[cand].abs() == sat[cand, None]).sum())
+        if whole * self.block < n and whole < sat.numel():
+            hits += int((r[whole * self.block:].abs() == sat[whole]).sum())
         rate = hits / max(1, n)
         mu = prepared.mu
         if rate > OVERFLOW_RATE:

@@ -293,6 +293,28 @@ def test_shared_scale_saturates_and_keeps_nan_visible():
         assert_same_bits(y, acc, "decoded writeback")
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_scale_counts_every_saturated_coordinate(seed):
+    """The overflow rate is the share of coordinates at their block's saturation value (either
+    sign), counted per coordinate: blocks with a NaN, a partial last block and saturation
+    values of 0 included."""
+    g = torch.Generator().manual_seed(seed)
+    block = 32
+    n = int(torch.randint(1, 9 * block, (1,), generator=g))
+    blocks = -(-n // block)
+    sat = (torch.rand(blocks, generator=g) * 4).float()
+    sat[torch.rand(blocks, generator=g) < 0.2] = 0.0
+    per = sat.repeat_interleave(block)[:n]
+    r = (torch.rand(n, generator=g) * 2 - 1) * per
+    pick = torch.rand(n, generator=g)
+    r = torch.where(pick < 0.15, per, torch.where(pick < 0.3, -per, r))
+    r[torch.rand(n, generator=g) < 0.05] = float("nan")
+    want = int((r.abs() == per).sum())
+    state: dict = {}
+    SharedScale(block=block).observe(r, SharedScalePlan(torch.ones(blocks), sat, 2.0), 4, state)
+    assert state["overflow_rate"] == want / n
+
+
 def test_shared_scale_auto_scale_doubles_on_overflow_and_halves_to_one():
     codec = SharedScale()
     assert [initial_mu(n) for n in (1, 2, 3, 4, 8, 16)] == [1, 2, 2, 2, 4, 4]

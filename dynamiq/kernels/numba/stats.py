@@ -93,6 +93,22 @@ def _sum_and_csumsq(y, block, sums, out):  # pragma: no cover - compiled
         sums[b], out[b] = _sum_csumsq(y, lo, min(lo + block, n), block)
 
 
+@nb.njit(parallel=True, cache=True)
+def _absmax_bits(bits, block, out):  # pragma: no cover - compiled
+    # the "absmax" pass of _stats on float32 values read as their bit patterns: those of
+    # non-negative floats order like unsigned integers and an integer maximum vectorises, where
+    # a float maximum with a NaN test is a serial chain; a NaN is any pattern above +Inf's
+    n = bits.size
+    for b in nb.prange(out.size):
+        lo = np.uint64(b * block)
+        hi = np.uint64(min(b * block + block, n))
+        m = np.uint32(0)
+        for i in range(lo, hi):
+            m = max(m, bits[i] & np.uint32(0x7FFFFFFF))
+        out[b] = np.nan if m > np.uint32(0x7F800000) else np.float64(
+            np.uint32(m).view(np.float32))
+
+
 def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
                      ) -> dict[tuple[str, int], torch.Tensor]:
     """See :meth:`dynamiq.kernels.backend.Backend.block_statistics` (the sums are added in
@@ -113,7 +129,9 @@ def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
             out[("csumsq", block)] = torch.from_numpy(r)
             out[("sum", block)] = torch.from_numpy(sums)
             continue
-        if r.size:
+        if r.size and op == "absmax" and yn.dtype == np.float32:
+            _absmax_bits(yn.view(np.uint32), int(block), r)
+        elif r.size:
             _stats(yn, int(block), STAT_OPS.index(op), r)
         out[(op, block)] = torch.from_numpy(r)
     return out
