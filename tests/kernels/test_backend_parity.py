@@ -99,7 +99,8 @@ def test_every_registered_codec_matches_the_reference(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_registered_transform_matches_the_reference(backend):
     for name, cls in TRANSFORMS.items():
-        for t in ([cls(block_size=b) for b in (16, 256)] if name == "rht" else [cls()]):
+        for t in ([cls(block_size=b) for b in (16, 256, 4096, 65536)] if name == "rht"
+                  else [cls()]):
             if getattr(t, "statistics", ()):
                 continue  # data-dependent transforms run inside pipelines (test_triton_codecs)
             x = vector(700, 9)
