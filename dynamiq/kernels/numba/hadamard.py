@@ -61,6 +61,22 @@ _U = np.uint64
 
 
 @nb.njit(cache=True)
+def _stages(buf, lo, hi, h0, h1):
+    """Stages ``h = h0, 2 h0, … < h1`` over ``buf[lo:hi]`` (unsigned bounds): every pair
+    ``(p, p + h)`` with ``(p - lo) & h == 0`` becomes ``(a + b, a - b)``."""
+    h = h0
+    while h < h1:
+        hu = _U(h)
+        for j in range(lo, hi, _U(2 * h)):
+            for i in range(j, j + hu):
+                a = buf[i]
+                b = buf[i + hu]
+                buf[i] = a + b
+                buf[i + hu] = a - b
+        h *= 2
+
+
+@nb.njit(cache=True)
 def fwht_block(buf, start, block):
     """Unnormalized in-place Walsh–Hadamard transform of ``buf[start:start + block]``.
 
@@ -71,20 +87,8 @@ def fwht_block(buf, start, block):
     all of them while it sits in the first-level cache (every element still goes through its
     stages in order, with the same additions: the bits do not change), and the later stages
     sweep the block; indices are unsigned, which spares Numba's negative-index checks and
-    lets the pair loops vectorise. Blocks below 64 keep the plain stage loops, whose setup is
-    cheaper per call.
+    lets the pair loops vectorise.
     """
-    if block < 64:
-        h = 1
-        while h < block:
-            for j in range(start, start + block, 2 * h):
-                for i in range(j, j + h):
-                    a = buf[i]
-                    b = buf[i + h]
-                    buf[i] = a + b
-                    buf[i + h] = a - b
-            h *= 2
-        return
     tile = min(block, _TILE)
     one = _U(1)
     for t0 in range(start, start + block, tile):
@@ -94,26 +98,8 @@ def fwht_block(buf, start, block):
             b = buf[i + one]
             buf[i] = a + b
             buf[i + one] = a - b
-        h = 2
-        while h < tile:
-            hu = _U(h)
-            for j in range(s0, s0 + _U(tile), _U(2 * h)):
-                for i in range(j, j + hu):
-                    a = buf[i]
-                    b = buf[i + hu]
-                    buf[i] = a + b
-                    buf[i + hu] = a - b
-            h *= 2
-    h = tile
-    while h < block:
-        hu = _U(h)
-        for j in range(_U(start), _U(start + block), _U(2 * h)):
-            for i in range(j, j + hu):
-                a = buf[i]
-                b = buf[i + hu]
-                buf[i] = a + b
-                buf[i + hu] = a - b
-        h *= 2
+        _stages(buf, s0, s0 + _U(tile), 2, tile)
+    _stages(buf, _U(start), _U(start + block), tile, block)
 
 
 @nb.njit(parallel=True, cache=True)
