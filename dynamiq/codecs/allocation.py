@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-__all__ = ["RELATIVE_FLOOR", "WidthOption", "allocate", "lagrangian_choice"]
+__all__ = ["RELATIVE_FLOOR", "WidthOption", "allocate", "lagrangian_choice", "remembered"]
 
 #: Weights of the cost rows' keys (:func:`_row_classes`); fixed so every rank groups alike.
 _ROW_KEY = 1.0 + np.random.default_rng(0x5EED).random((2, 64))
@@ -304,6 +304,19 @@ class _Upgrades:
         return out
 
 
+def remembered(store: OrderedDict, key: Hashable, make, kept: int):
+    """``store[key]``, made by ``make()`` when missing; ``store`` keeps the ``kept`` most
+    recently used keys (the caches of what the allocation derives from a named cost matrix)."""
+    hit = store.get(key)
+    if hit is None:
+        hit = store[key] = make()
+        while len(store) > kept:
+            store.popitem(last=False)
+    else:
+        store.move_to_end(key)
+    return hit
+
+
 #: Row classes of recent cost matrices, by the callers' keys (a few: one per tensor size).
 _CLASSES: OrderedDict[Hashable, list[np.ndarray]] = OrderedDict()
 _CLASSES_KEPT = 16
@@ -313,14 +326,7 @@ def _classes_of(cost: np.ndarray, key: Hashable | None) -> list[np.ndarray] | No
     """:func:`_row_classes` of ``cost``, remembered under ``key`` (``None``: not at all)."""
     if key is None:
         return None
-    hit = _CLASSES.get(key)
-    if hit is None:
-        hit = _CLASSES[key] = _row_classes(cost)
-        while len(_CLASSES) > _CLASSES_KEPT:
-            _CLASSES.popitem(last=False)
-    else:
-        _CLASSES.move_to_end(key)
-    return hit
+    return remembered(_CLASSES, key, lambda: _row_classes(cost), _CLASSES_KEPT)
 
 
 def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, state: dict,

@@ -24,7 +24,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from dynamiq.codecs.allocation import WidthOption, allocate
+from dynamiq.codecs.allocation import WidthOption, allocate, remembered
 from dynamiq.codecs.dynamiq.plan import WidthPlan
 
 __all__ = ["hop_plans", "ring_profile"]
@@ -69,18 +69,15 @@ def hop_plans(energy: np.ndarray, options: list[WidthOption], budget: float,
     sent_total = sum(k for _, _, k in profile)
     e = np.concatenate([energy * (coded * s) for s, coded, _ in profile])
     key = None if cost_key is None else ("hops", cost_key, profile)
-    c = _COSTS.get(key) if key is not None else None
-    if c is None:
-        # every hop's costs stacked: as large as the vector's float32 bytes times the options,
-        # and the same on every call of one key, so built once per key
-        c = np.concatenate([costs * sent for _, _, sent in profile])
-        if key is not None:
-            c.flags.writeable = False  # shared by later calls
-            _COSTS[key] = c
-            while len(_COSTS) > _COSTS_KEPT:
-                _COSTS.popitem(last=False)
-    else:
-        _COSTS.move_to_end(key)
+
+    def stacked() -> np.ndarray:
+        # every hop's costs: as large as the vector's float32 bytes times the options, and the
+        # same on every call of one key, so built once per key (read-only: calls share it)
+        out = np.concatenate([costs * sent for _, _, sent in profile])
+        out.flags.writeable = False
+        return out
+
+    c = stacked() if key is None else remembered(_COSTS, key, stacked, _COSTS_KEPT)
     choice = allocate(e, options, budget * sent_total, state, c, key)
     hops: dict[int, WidthPlan] = {}
     spent = 0.0

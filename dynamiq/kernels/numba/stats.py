@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from dynamiq.kernels.abi import STAT_OPS
+from dynamiq.kernels.numba.elements import absmax
 
 __all__ = ["block_statistics"]
 
@@ -94,19 +95,14 @@ def _sum_and_csumsq(y, block, sums, out):  # pragma: no cover - compiled
 
 
 @nb.njit(parallel=True, cache=True)
-def _absmax_bits(bits, block, out):  # pragma: no cover - compiled
-    # the "absmax" pass of _stats on float32 values read as their bit patterns: those of
-    # non-negative floats order like unsigned integers and an integer maximum vectorises, where
-    # a float maximum with a NaN test is a serial chain; a NaN is any pattern above +Inf's
-    n = bits.size
+def _absmax32(y, block, out):  # pragma: no cover - compiled
+    # the "absmax" pass of _stats for float32 values, by the block kernels' bit-pattern
+    # maximum (it vectorises, where a float maximum with a NaN test is a serial chain): the
+    # largest pattern read back is the maximum, +Inf or a NaN, as the definition reads
+    n = y.size
     for b in nb.prange(out.size):
-        lo = np.uint64(b * block)
-        hi = np.uint64(min(b * block + block, n))
-        m = np.uint32(0)
-        for i in range(lo, hi):
-            m = max(m, bits[i] & np.uint32(0x7FFFFFFF))
-        out[b] = np.nan if m > np.uint32(0x7F800000) else np.float64(
-            np.uint32(m).view(np.float32))
+        lo = b * block
+        out[b] = np.float64(absmax(y, np.uint64(lo), min(lo + block, n) - lo)[0])
 
 
 def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
@@ -130,7 +126,7 @@ def block_statistics(y: torch.Tensor, ops: Sequence[tuple[str, int]]
             out[("sum", block)] = torch.from_numpy(sums)
             continue
         if r.size and op == "absmax" and yn.dtype == np.float32:
-            _absmax_bits(yn.view(np.uint32), int(block), r)
+            _absmax32(yn, int(block), r)
         elif r.size:
             _stats(yn, int(block), STAT_OPS.index(op), r)
         out[(op, block)] = torch.from_numpy(r)
