@@ -75,11 +75,6 @@ def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float
     return np.argmin(obj, axis=1)
 
 
-def _total(choice: np.ndarray, cost: np.ndarray) -> float:
-    """Bits of ``choice`` under the per-item costs ``cost`` (``[m, k]``)."""
-    return float(np.take_along_axis(cost, choice[:, None], 1).sum())
-
-
 def _hull_path(err: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lower convex hull of one super-group's options ``(c, v)``, cheapest to most accurate.
 
@@ -322,10 +317,10 @@ _CLASSES: OrderedDict[Hashable, list[np.ndarray]] = OrderedDict()
 _CLASSES_KEPT = 16
 
 
-def _classes_of(cost: np.ndarray, key: Hashable | None) -> list[np.ndarray] | None:
-    """:func:`_row_classes` of ``cost``, remembered under ``key`` (``None``: not at all)."""
+def _classes_of(cost: np.ndarray, key: Hashable | None) -> list[np.ndarray]:
+    """:func:`_row_classes` of ``cost``, remembered under ``key`` (``None``: not remembered)."""
     if key is None:
-        return None
+        return _row_classes(cost)
     return remembered(_CLASSES, key, lambda: _row_classes(cost), _CLASSES_KEPT)
 
 
@@ -367,24 +362,18 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     if m == 0:
         return np.zeros(0, dtype=np.int64)
     classes = _classes_of(cost, cost_key)
-    if classes is None:
-        cheapest = np.argmin(cost, axis=1).astype(np.int64)
-        floor = _total(cheapest, cost)
-        best = np.full(m, int(np.argmin(err)), dtype=np.int64)
-        ceiling = _total(best, cost)
-    else:
-        # every row of a class is the same: one row's facts stand for the class's (the costs
-        # are whole bits, so the totals are exact in any order)
-        cheapest = np.empty(m, dtype=np.int64)
-        floor = ceiling = 0.0
-        b = int(np.argmin(err))
-        for rows in classes:
-            row = cost[rows[0]]
-            c0 = int(np.argmin(row))
-            cheapest[rows] = c0
-            floor += rows.size * float(row[c0])
-            ceiling += rows.size * float(row[b])
-        best = np.full(m, b, dtype=np.int64)
+    # every row of a class is the same: one row's facts stand for the class's (the costs are
+    # whole bits, so the totals are exact in any order)
+    cheapest = np.empty(m, dtype=np.int64)
+    floor = ceiling = 0.0
+    b = int(np.argmin(err))
+    for rows in classes:
+        row = cost[rows[0]]
+        c0 = int(np.argmin(row))
+        cheapest[rows] = c0
+        floor += rows.size * float(row[c0])
+        ceiling += rows.size * float(row[b])
+    best = np.full(m, b, dtype=np.int64)
     if floor >= budget or len(options) == 1:
         return cheapest
     if ceiling <= budget:
