@@ -29,6 +29,7 @@ per Hadamard block; ``thc`` and ``thc-maxscale`` also pay the ``rht`` padding.
 from __future__ import annotations
 
 from dynamiq.codecs import IntSum, Passthrough, SharedScale, Sparse
+from dynamiq.codecs.shared_scale import mx_codec
 from dynamiq.pipeline import PIPELINES, Pipeline
 from dynamiq.transforms import RandomizedHadamard
 
@@ -50,9 +51,9 @@ OMNIREDUCE_KEEP = 0.25
 
 #: name → (codec, transforms) of every baseline; each is registered on a ring and a butterfly.
 BASELINES: dict[str, tuple] = {
-    "mxfp8": (SharedScale("e4m3", 32, "e8m0"), ()),
-    "mxfp6": (SharedScale("e3m2", 32, "e8m0"), ()),
-    "mxfp4": (SharedScale("e2m1", 32, "e8m0"), ()),
+    "mxfp8": (mx_codec("mxfp8"), ()),
+    "mxfp6": (mx_codec("mxfp6"), ()),
+    "mxfp4": (mx_codec("mxfp4"), ()),
     "nvfp4": (SharedScale("e2m1", 16, "e4m3"), ()),
     # THC's 16 levels on the granularity-15 grid, clamped at the table's T; every Hadamard
     # block gets its own sigma

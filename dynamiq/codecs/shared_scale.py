@@ -59,7 +59,7 @@ from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
 from dynamiq.kernels import FormatTables, SharedScaleCode
 from dynamiq.spec import format_call
 
-__all__ = ["SharedScale", "SharedScalePlan"]
+__all__ = ["MX_ELEMENTS", "SharedScale", "SharedScalePlan", "mx_codec"]
 
 #: Overflow rate above which the auto-scale factor doubles.
 OVERFLOW_RATE = 1e-4
@@ -67,6 +67,10 @@ OVERFLOW_RATE = 1e-4
 MAX_MU = 2.0**24
 
 _STATISTIC = {32: "absmax32", 16: "absmax16"}
+
+#: The OCP MX formats as this codec runs them (blocks of 32 under E8M0 scales): method name →
+#: element format. The ``mxfp*`` baselines and DynamiQ's named accuracy targets both read it.
+MX_ELEMENTS = {"mxfp8": "e4m3", "mxfp6": "e3m2", "mxfp4": "e2m1"}
 _E8M0_MIN_EXP = -127
 _E8M0_MAX_EXP = 127
 
@@ -325,3 +329,13 @@ class SharedScale(DecodeHops, PartialSumCodec):
 
     def spec(self) -> str:
         return format_call("shared_scale", self)
+
+
+def mx_codec(name: str) -> SharedScale:
+    """The codec of the MX method ``name`` (a key of :data:`MX_ELEMENTS`), e.g.
+    ``mx_codec("mxfp8") == SharedScale("e4m3", 32, "e8m0")``.
+
+    Raises:
+        KeyError: ``name`` is not an MX method.
+    """
+    return SharedScale(MX_ELEMENTS[name], 32, "e8m0")

@@ -2,7 +2,8 @@
 
 Measuring runs the option's quantizer (its kernels) on 2^16 Gaussian values, so it happens on
 the first :meth:`~dynamiq.codecs.dynamiq.DynamiQ.prepare` that needs it, never when a codec is
-built, and once per quantizer per process.
+built, and once per quantizer per process. :func:`codec_error` measures a whole partial-sum
+codec the same way (the reference of a named accuracy target).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from functools import lru_cache
 import torch
 
 from dynamiq.codecs.allocation import WidthOption
+from dynamiq.codecs.base import HopContext, PartialSumCodec
 from dynamiq.codecs.dynamiq.options import CHOICES, CodingOption
+from dynamiq.metadata import STATISTICS
 from dynamiq.quantizers import BlockQuantizer
 
-__all__ = ["ALLOCATORS", "measured_error", "width_options"]
+__all__ = ["ALLOCATORS", "codec_error", "measured_error", "width_options"]
 
 #: Error models of the allocation: the codec's measured errors, or the paper's ``4^−w``.
 ALLOCATORS = CHOICES["allocator"]
@@ -39,12 +42,44 @@ def measured_error(q: BlockQuantizer | None) -> float:
         random-number seed 1 for the quantizer), the squares in float64 and their sums
         correctly rounded (:func:`math.fsum`).
     """
-    g = torch.Generator().manual_seed(_SEED)
-    x = torch.randn(_SAMPLES, generator=g)
+    x = _sample()
     if q is None:
         y = x.to(torch.bfloat16).float()
     else:
         y = q.decode(q.encode(x, seed=1), seed=1)
+    return _relative(x, y)
+
+
+@lru_cache(maxsize=16)
+def codec_error(codec: PartialSumCodec) -> float:
+    """Relative squared error of one compress–decompress of ``codec`` on Gaussian data.
+
+    The codec is prepared as a one-rank collective would prepare it: on the sample's own
+    metadata statistics (for an MX codec, block scales from each block's maximum).
+
+    Args:
+        codec: A partial-sum codec whose statistics all have blocks dividing 2^16.
+
+    Returns:
+        ``Σ (x̂ − x)² / Σ x²`` over the same 2^16 values as :func:`measured_error`.
+    """
+    x = _sample()
+    stats = {name: STATISTICS[name].local(x.double().view(-1, STATISTICS[name].block))
+             for name in codec.statistics}
+    plan = codec.prepare(stats, x.numel(), 1, {})
+    ctx = HopContext(prepared={codec: plan})
+    y = torch.empty_like(x)
+    codec.decompress(codec.compress(x, ctx), y, ctx)
+    return _relative(x, y)
+
+
+def _sample() -> torch.Tensor:
+    """The 2^16 standard normal float32 values of every measurement (fixed seed)."""
+    return torch.randn(_SAMPLES, generator=torch.Generator().manual_seed(_SEED))
+
+
+def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
+    """``Σ (y − x)² / Σ x²``, the squares in float64 and the sums correctly rounded."""
     # exact sums: a parallel reduction's last bit follows the thread count at the time of the
     # first prepare, and every rank must derive the same allocation whatever its thread count
     err = math.fsum(((y.double() - x.double()) ** 2).tolist())

@@ -14,6 +14,7 @@ from dynamiq.codecs.dynamiq.target import (
     BUDGET_STEP,
     check_target,
     predicted_vnmse,
+    reference_error,
     ring_factors,
     smallest_budget,
 )
@@ -142,3 +143,23 @@ def test_tree_errors_reduce_to_the_tree_factors_for_small_errors():
     ind_z, eq_z = tree_errors(e, plan, np.array([1e-9]), ring_profile(8), 8, factor=f, zeros=1.0)
     assert eq_z == pytest.approx(3.0 * eq, rel=1e-6)
     assert ind_z == pytest.approx(1e-9 * 4.0 * sum(s + 2.0 for s in range(1, 9)) / 8, rel=1e-6)
+
+
+def test_named_targets_measure_the_baselines_codec():
+    """``target="mxfp8"`` aims at the ``mxfp8`` baseline's own coding: round to nearest E4M3
+    under power-of-two block scales from the block maxima (computed here with torch's float8
+    cast), not the OCP quantizer, whose scale rounds down and clips the largest elements."""
+    from dynamiq.baselines import BASELINES
+    from dynamiq.codecs.dynamiq.errors import _sample, measured_error
+    from dynamiq.codecs.shared_scale import mx_codec
+    from dynamiq.quantizers import QUANTIZERS
+
+    assert BASELINES["mxfp8"][0] == mx_codec("mxfp8")
+    x = _sample().view(-1, 32).double()
+    s = 2.0 ** torch.ceil(torch.log2(x.abs().amax(1, keepdim=True) / 448))
+    y = (x / s).float().to(torch.float8_e4m3fn).double() * s
+    expect = float(((y - x) ** 2).sum() / (x**2).sum())
+    got = reference_error("mxfp8")
+    assert got == pytest.approx(expect, rel=1e-12)
+    assert got < measured_error(QUANTIZERS.get("mxfp8")) / 1.2
+    assert reference_error("mxfp8") < reference_error("mxfp6") < reference_error("mxfp4")
