@@ -49,12 +49,16 @@ def make_key(seed: int, *streams: int) -> tuple[int, int]:
     """
     if seed < 0 or any(s < 0 for s in streams):
         raise ValueError("seed and stream ids must be non-negative integers")
-    k0 = fmix32(seed ^ 0x243F6A88)
-    k1 = fmix32((seed >> 32) ^ 0x85A308D3 ^ k0)
-    for s in streams:
-        k0 = fmix32(k0 ^ fmix32(s & MASK32) ^ fmix32((s >> 32) + 0x13198A2E))
-        k1 = fmix32(k1 + GOLDEN ^ k0)
-    return k0, k1
+    if not streams:
+        k0 = fmix32(seed ^ 0x243F6A88)
+        return k0, fmix32((seed >> 32) ^ 0x85A308D3 ^ k0)
+    # the key folds the streams in one at a time, so it extends its prefix's key: keys that
+    # share a prefix (every rank's keys of one step, every purpose of one rank) share its
+    # cached value and pay for the last stream only
+    k0, k1 = make_key(seed, *streams[:-1])
+    s = streams[-1]
+    k0 = fmix32(k0 ^ fmix32(s & MASK32) ^ fmix32((s >> 32) + 0x13198A2E))
+    return k0, fmix32(k1 + GOLDEN ^ k0)
 
 
 def _fmix32_np(h: np.ndarray) -> np.ndarray:

@@ -101,3 +101,30 @@ def test_stratum_numba_twin_matches():
 def test_stratum_rejects_huge_worlds():
     with pytest.raises(ValueError, match="world size"):
         rng.stratum(np.zeros(1, np.uint64), 0, rng.MAX_WORLD + 1)
+
+
+def _fold_key(seed: int, *streams: int) -> tuple[int, int]:
+    """The key derivation written out as one loop (what every stream of the library is keyed
+    by, so its values must not move between versions)."""
+    k0 = rng.fmix32(seed ^ 0x243F6A88)
+    k1 = rng.fmix32((seed >> 32) ^ 0x85A308D3 ^ k0)
+    for s in streams:
+        k0 = rng.fmix32(k0 ^ rng.fmix32(s & rng.MASK32) ^ rng.fmix32((s >> 32) + 0x13198A2E))
+        k1 = rng.fmix32((k1 + rng.GOLDEN) ^ k0)
+    return k0, k1
+
+
+@given(seed=st.integers(0, 2**64 - 1), streams=st.lists(st.integers(0, 2**40), max_size=6))
+def test_make_key_is_the_fold_over_its_streams(seed, streams):
+    rng.make_key.cache_clear()
+    assert rng.make_key(seed, *streams) == _fold_key(seed, *streams)
+    # cached prefixes give the same keys as a cold derivation
+    for k in range(len(streams) + 1):
+        assert rng.make_key(seed, *streams[:k]) == _fold_key(seed, *streams[:k])
+
+
+def test_make_key_golden_values():
+    assert rng.make_key(0) == _fold_key(0) == (327721211, 2376633223)
+    assert rng.make_key(12345, 7, 2**33 + 5, 0) == (3509706389, 1913203313)
+    with pytest.raises(ValueError):
+        rng.make_key(1, 2, -1)

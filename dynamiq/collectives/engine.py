@@ -21,7 +21,6 @@ floating-point summation order on every executor.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -151,12 +150,13 @@ class Plan:
         """Whether ``t`` carries anything (its chunk is not empty)."""
         return self.size(t.chunk) > 0
 
-    def context(self, rank: int, chunk: int) -> HopContext:
-        """Random-number context of ``rank`` compressing ``chunk`` in this call."""
+    def context(self, rank: int, chunk: int, source: HopContext | None = None) -> HopContext:
+        """Random-number context of ``rank`` compressing ``chunk`` in this call (``source``: the
+        context of the message it takes in, if any)."""
         return HopContext(stream=(self.call, self.stream_chunk(chunk), self.height(chunk, rank)),
                           rank=rank, world_size=self.world_size, index_offset=self.bounds[chunk][0],
                           stats=self.stats, prepared=self.prepared, backend=self.backend,
-                          summands=self.summands(chunk, rank))
+                          summands=self.summands(chunk, rank), source=source)
 
     def stream_chunk(self, chunk: int) -> int:
         """The chunk whose random stream ``chunk`` draws from: itself. An executor that cuts
@@ -169,8 +169,7 @@ class Plan:
         as :attr:`~dynamiq.codecs.HopContext.source` (the sender in the reduce phase, the
         chunk's owner in the all-gather, whose bytes are forwarded unchanged)."""
         producer = self.schedule.owners[t.chunk] if t.phase == "gather" else t.src
-        return dataclasses.replace(self.context(rank, t.chunk),
-                                   source=self.context(producer, t.chunk))
+        return self.context(rank, t.chunk, source=self.context(producer, t.chunk))
 
     def height(self, chunk: int, rank: int) -> int:
         """``rank``'s height in ``chunk``'s tree. It is part of the random stream: ranks of one
@@ -182,6 +181,20 @@ class Plan:
         if hs is None:
             hs = cache[chunk] = self.schedule.heights(chunk)
         return hs[rank]
+
+    def child_count(self, chunk: int, rank: int) -> int:
+        """``len(schedule.children(chunk, rank))``: how many ranks send ``rank`` their partial
+        sums of ``chunk`` in the reduce phase (counted once per chunk for all ranks, so a rank
+        asking for every chunk costs O(n), not the O(n²) of a scan of the parents per chunk)."""
+        cache = self.__dict__.setdefault("_child_counts", {})
+        counts = cache.get(chunk)
+        if counts is None:
+            counts = [0] * self.world_size
+            for p in self.schedule.parents[chunk]:
+                if p >= 0:
+                    counts[p] += 1
+            cache[chunk] = counts
+        return counts[rank]
 
     def summands(self, chunk: int, rank: int) -> int:
         """Contributions in what ``rank`` sends (or, as the owner, holds) of ``chunk``: its
@@ -220,7 +233,7 @@ class RankState:
         self.rank = rank
         self.acc = acc
         sched = plan.schedule
-        self._remaining = [len(sched.children(c, rank)) for c in range(sched.num_chunks)]
+        self._remaining = [plan.child_count(c, rank) for c in range(sched.num_chunks)]
         self._outbox: dict[int, torch.Tensor] = {}
         self.final: dict[int, torch.Tensor] = {}
         self.bytes_sent = 0

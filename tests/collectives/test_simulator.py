@@ -390,3 +390,13 @@ def test_smoke_64_ranks():
     assert len(res.hop_vnmse) == n - 1
     bpc = Fraction(2 * (n - 1), n) * Fraction(Requant("dq4_hier").quantizer.bits_per_coord())
     assert all(Fraction(8 * b, d) == bpc for b in res.bytes_sent)
+
+
+@pytest.mark.parametrize("topology,n", [("ring", 5), ("butterfly", 8),
+                                        ("hierarchical(ranks_per_node=2)", 8)])
+def test_plan_child_counts_match_the_schedule(topology, n):
+    plan = Plan(Pipeline.parse(f"passthrough@{topology}"), n, 4096)
+    sched = plan.schedule
+    for c in range(sched.num_chunks):
+        for r in range(n):
+            assert plan.child_count(c, r) == len(sched.children(c, r))
