@@ -182,20 +182,6 @@ class Plan:
             hs = cache[chunk] = self.schedule.heights(chunk)
         return hs[rank]
 
-    def child_count(self, chunk: int, rank: int) -> int:
-        """``len(schedule.children(chunk, rank))``: how many ranks send ``rank`` their partial
-        sums of ``chunk`` in the reduce phase (counted once per chunk for all ranks, so a rank
-        asking for every chunk costs O(n), not the O(n²) of a scan of the parents per chunk)."""
-        cache = self.__dict__.setdefault("_child_counts", {})
-        counts = cache.get(chunk)
-        if counts is None:
-            counts = [0] * self.world_size
-            for p in self.schedule.parents[chunk]:
-                if p >= 0:
-                    counts[p] += 1
-            cache[chunk] = counts
-        return counts[rank]
-
     def summands(self, chunk: int, rank: int) -> int:
         """Contributions in what ``rank`` sends (or, as the owner, holds) of ``chunk``: its
         subtree size in the chunk's tree."""
@@ -233,7 +219,7 @@ class RankState:
         self.rank = rank
         self.acc = acc
         sched = plan.schedule
-        self._remaining = [plan.child_count(c, rank) for c in range(sched.num_chunks)]
+        self._remaining = [sched.child_counts[c][rank] for c in range(sched.num_chunks)]
         self._outbox: dict[int, torch.Tensor] = {}
         self.final: dict[int, torch.Tensor] = {}
         self.bytes_sent = 0

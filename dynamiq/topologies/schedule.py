@@ -123,6 +123,20 @@ class Schedule:
         """The ranks whose parent is ``rank`` in chunk ``chunk``'s aggregation tree, ascending."""
         return tuple(r for r, p in enumerate(self.parents[chunk]) if p == rank)
 
+    @cached_property
+    def child_counts(self) -> tuple[tuple[int, ...], ...]:
+        """``child_counts[c][r] == len(children(c, r))``, for every chunk and rank at once (one
+        pass over the parents, where asking :meth:`children` of every rank is O(n²) per
+        chunk)."""
+        out = []
+        for parents in self.parents:
+            counts = [0] * self.world_size
+            for p in parents:
+                if p >= 0:
+                    counts[p] += 1
+            out.append(tuple(counts))
+        return tuple(out)
+
     def heights(self, chunk: int) -> tuple[int, ...]:
         """Each rank's height in chunk ``chunk``'s aggregation tree: 0 for a leaf, else one more
         than its highest child. Nodes of equal height have disjoint subtrees, so their inputs
