@@ -67,12 +67,12 @@ OVERFLOW_RATE = 1e-4
 MAX_MU = 2.0**24
 
 _STATISTIC = {32: "absmax32", 16: "absmax16"}
+_E8M0_MIN_EXP = -127
+_E8M0_MAX_EXP = 127
 
 #: The OCP MX formats as this codec runs them (blocks of 32 under E8M0 scales): method name →
 #: element format. The ``mxfp*`` baselines and DynamiQ's named accuracy targets both read it.
 MX_ELEMENTS = {"mxfp8": "e4m3", "mxfp6": "e3m2", "mxfp4": "e2m1"}
-_E8M0_MIN_EXP = -127
-_E8M0_MAX_EXP = 127
 
 
 def initial_mu(world_size: int) -> float:

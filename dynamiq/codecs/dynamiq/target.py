@@ -242,7 +242,7 @@ def reference_error(name: str) -> float:
     return codec_error(mx_codec(name))
 
 
-def check_target(target: object, names: Sequence[str] = tuple(TARGET_NAMES)) -> float | str | None:
+def check_target(target: object, names: Sequence[str] = TARGET_NAMES) -> float | str | None:
     """``target`` as a float in (0, 1), a name of :data:`TARGET_NAMES`, or ``None``.
 
     Raises:
