@@ -16,7 +16,8 @@ import functools
 
 import numpy as np
 
-__all__ = ["GOLDEN", "MASK32", "MAX_WORLD", "fmix32", "hash_u32", "make_key", "stratum", "uniform"]
+__all__ = ["GOLDEN", "MASK32", "MAX_WORLD", "fmix32", "hash_u32", "make_key", "make_keys",
+           "stratum", "uniform"]
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B1  # odd, close to 2**32 / golden ratio
@@ -59,6 +60,37 @@ def make_key(seed: int, *streams: int) -> tuple[int, int]:
     s = streams[-1]
     k0 = fmix32(k0 ^ fmix32(s & MASK32) ^ fmix32((s >> 32) + 0x13198A2E))
     return k0, fmix32(k1 + GOLDEN ^ k0)
+
+
+def make_keys(seed: int, *streams: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`make_key` of many stream tuples at once.
+
+    Args:
+        seed: As for :func:`make_key`.
+        *streams: Non-negative ints or integer arrays (below ``2**63``), broadcast together:
+            element ``i`` of the result is the key of the ``i``-th stream tuple.
+
+    Returns:
+        ``(k0, k1)``: uint64 arrays of the broadcast shape holding uint32 values, equal to
+        ``make_key(seed, *(s[i] for s in streams))`` element by element.
+    """
+    cols = [np.asarray(s) for s in streams]
+    if any(c.size and (not np.issubdtype(c.dtype, np.integer) or int(c.min()) < 0) for c in cols):
+        raise ValueError("stream ids must be non-negative integers")
+    shape = np.broadcast_shapes(*(c.shape for c in cols)) if cols else ()
+    # the leading streams that are plain ints fold on the host (cached), the rest in NumPy
+    lead = 0
+    while lead < len(cols) and cols[lead].ndim == 0:
+        lead += 1
+    k0s, k1s = make_key(seed, *(int(c) for c in cols[:lead]))
+    k0 = np.full(shape, k0s, dtype=np.uint64)
+    k1 = np.full(shape, k1s, dtype=np.uint64)
+    mask, tail = np.uint64(MASK32), np.uint64(0x13198A2E)
+    for c in cols[lead:]:
+        s = np.broadcast_to(c.astype(np.uint64), shape)
+        k0 = _fmix32_np(k0 ^ _fmix32_np(s & mask) ^ _fmix32_np((s >> np.uint64(32)) + tail))
+        k1 = _fmix32_np(((k1 + np.uint64(GOLDEN)) & mask) ^ k0)
+    return k0, k1
 
 
 def _fmix32_np(h: np.ndarray) -> np.ndarray:

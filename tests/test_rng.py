@@ -128,3 +128,24 @@ def test_make_key_golden_values():
     assert rng.make_key(12345, 7, 2**33 + 5, 0) == (3509706389, 1913203313)
     with pytest.raises(ValueError):
         rng.make_key(1, 2, -1)
+
+
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    lead=st.lists(st.integers(0, 2**40), max_size=2),
+    cols=st.lists(st.lists(st.integers(0, 2**62), min_size=3, max_size=3), min_size=1,
+                  max_size=3),
+    tail=st.lists(st.integers(0, 2**33), max_size=2),
+)
+def test_make_keys_matches_make_key(seed, lead, cols, tail):
+    arrays = [np.array(c, dtype=np.int64) for c in cols]
+    k0, k1 = rng.make_keys(seed, *lead, *arrays, *tail)
+    assert k0.shape == k1.shape == (3,)
+    for i in range(3):
+        want = rng.make_key(seed, *lead, *(int(a[i]) for a in arrays), *tail)
+        assert (int(k0[i]), int(k1[i])) == want
+
+
+def test_make_keys_rejects_negative_streams():
+    with pytest.raises(ValueError, match="non-negative"):
+        rng.make_keys(0, np.array([1, -1]))

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from dynamiq.kernels import Backend, Writeback, backend_for
@@ -227,6 +228,33 @@ class PartialSumCodec:
         sink's compress-once rule).
         """
         raise NotImplementedError
+
+    def roundtrip_batch(self, values: torch.Tensor, batch: Any) -> np.ndarray:
+        """Every row of a :class:`~dynamiq.codecs.batch.HopBatch` replaced by what a receiver
+        decodes of its message: ``decompress(compress(chunk, ctx_i), ctx_i)`` in place, where
+        ``ctx_i`` is :meth:`HopBatch.context(i) <dynamiq.codecs.batch.HopBatch.context>`.
+
+        This default runs the per-message operations row by row (correct for every codec
+        whose hops add in float32); codecs override it with one kernel call per batch.
+
+        Args:
+            values: float32 ``[batch.total]``, the rows' values side by side.
+            batch: The rows.
+
+        Returns:
+            int64 ``[k]``, each row's message bytes (``wire_bytes`` under its context).
+        """
+        batch.check(values)
+        out = np.zeros(len(batch), dtype=np.int64)
+        for i, (a, n) in enumerate(zip(batch.starts.tolist(), batch.sizes.tolist())):
+            if n == 0:
+                continue
+            ctx = batch.context(i)
+            view = values[a:a + n]
+            data = self.compress(view, ctx)
+            self.decompress(data, view, ctx)
+            out[i] = data.numel()
+        return out
 
     def spec(self) -> str:  # pragma: no cover - abstract
         """Canonical spec string."""

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from dynamiq.codecs import HopContext, PartialSumCodec
+from dynamiq.collectives.prepare import prepare_codecs
 from dynamiq.collectives.statistics import local_statistics
 from dynamiq.metadata import STATISTICS
 from dynamiq.pipeline import Pipeline
@@ -109,25 +110,16 @@ class Plan:
                 here when missing).
         """
         self.raw_stats = dict(stats)
-        adjusted = dict(stats)
-        for t in self.pipeline.transforms:
-            if getattr(t, "statistics", ()):
-                adjusted = t.adjust_statistics(adjusted, self.world_size, self.length)
-        self.stats = adjusted
-        self.prepared = {}
-        for c in self.pipeline.codecs:
-            # a codec whose decision models the error of the whole tree gets its shape
-            kw: dict = {}
-            if getattr(c, "wants_compression_factors", False):
-                kw["compression_factors"] = self.schedule.compression_factors()
-            if getattr(c, "wants_hop_profile", False):
-                # the schedule is fixed for the plan's life: its profile is computed once
-                prof = self.__dict__.get("_hop_profile")
-                if prof is None:
-                    prof = self.__dict__["_hop_profile"] = self.schedule.hop_profile()
-                kw["hop_profile"] = prof
-            self.prepared[c] = c.prepare(adjusted, self.length, self.world_size,
-                                         states.setdefault(c, {}), **kw)
+        self.stats, self.prepared = prepare_codecs(
+            self.pipeline, stats, self.length, self.world_size, states,
+            self.schedule.compression_factors, self._hop_profile)
+
+    def _hop_profile(self) -> tuple[tuple[int, float, float], ...]:
+        # the schedule is fixed for the plan's life: its profile is computed once
+        prof = self.__dict__.get("_profile")
+        if prof is None:
+            prof = self.__dict__["_profile"] = self.schedule.hop_profile()
+        return prof
 
     def size(self, chunk: int) -> int:
         """Coordinates in ``chunk``."""

@@ -73,7 +73,9 @@ def normalized_bits(bytes_sent: list[int], metadata_bits: int, d: int) -> float:
     return (8.0 * mean / (2.0 * (n - 1) / n) + metadata_bits) / d
 
 
-def _check_inputs(inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+def check_inputs(inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """``inputs`` as one ``[world_size, d]`` floating-point tensor (a list of equal-shaped
+    tensors is stacked); a clear error for anything else."""
     if isinstance(inputs, (list, tuple)):
         if not inputs:
             raise ValueError("need at least one rank's input")
@@ -128,7 +130,7 @@ def simulate(
     p = get_pipeline(pipeline)
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
-    x = _check_inputs(inputs)
+    x = check_inputs(inputs)
     resolve_backend(backend, x.device)  # a bad or unavailable backend fails here, clearly
     n, d = x.shape
     x32 = x.float()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from dynamiq.registry import Registry
 from dynamiq.spec import build, format_call, register_spec_type
+from dynamiq.topologies.arrays import (
+    Chunking,
+    StepArrays,
+    schedule_chunking,
+    schedule_step_arrays,
+)
 from dynamiq.topologies.schedule import Schedule, Transfer
 from dynamiq.topologies.validate import validate_schedule
 
@@ -53,6 +59,17 @@ class Topology:
         sched = self._build(world_size)
         validate_schedule(sched)
         return sched
+
+    def chunking(self, world_size: int) -> Chunking:
+        """The chunks and their owners of :meth:`schedule` ``(world_size)``, without building
+        it where the topology has a closed form (see :mod:`dynamiq.topologies.arrays`)."""
+        return schedule_chunking(self.schedule(world_size))
+
+    def step_arrays(self, world_size: int) -> Iterator[StepArrays]:
+        """The transfers of :meth:`schedule` ``(world_size)`` as arrays, step by step (see
+        :class:`~dynamiq.topologies.arrays.StepArrays`), without building it where the
+        topology has a closed form."""
+        return schedule_step_arrays(self.schedule(world_size))
 
     def _build(self, world_size: int) -> Schedule:  # pragma: no cover - abstract
         raise NotImplementedError

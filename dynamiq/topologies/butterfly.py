@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
+from dynamiq.topologies.arrays import Chunking, StepArrays
 from dynamiq.topologies.base import TOPOLOGIES, Topology, one_chunk_per_rank
 from dynamiq.topologies.schedule import Schedule, Transfer
 
@@ -59,3 +63,28 @@ class Butterfly(Topology):
             for c in range(n)
         )
         return one_chunk_per_rank(n, parents, transfers, self.spec())
+
+    def chunking(self, world_size: int) -> Chunking:
+        """See :meth:`Topology.chunking`: chunk ``c`` owned by rank ``c``, equal weights."""
+        self.check_world_size(world_size)
+        return Chunking(np.arange(world_size, dtype=np.int64), (1.0 / world_size,) * world_size)
+
+    def step_arrays(self, world_size: int) -> Iterator[StepArrays]:
+        """See :meth:`Topology.step_arrays` (the closed form of :meth:`_build`)."""
+        self.check_world_size(world_size)
+        n = world_size
+        m = n.bit_length() - 1
+        r = np.arange(n, dtype=np.int64)
+        for k in range(m):
+            h = n >> (k + 1)
+            partner = r ^ h
+            first = (r & ~(2 * h - 1)) | (partner & h)
+            span = np.arange(h, dtype=np.int64)
+            yield StepArrays(k, "reduce", np.repeat(r, h), np.repeat(partner, h),
+                             (first[:, None] + span).reshape(-1))
+        for j in range(m):
+            h = 1 << j
+            first = r & ~(h - 1)
+            span = np.arange(h, dtype=np.int64)
+            yield StepArrays(m + j, "gather", np.repeat(r, h), np.repeat(r ^ h, h),
+                             (first[:, None] + span).reshape(-1))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
+from dynamiq.topologies.arrays import Chunking, StepArrays
 from dynamiq.topologies.base import TOPOLOGIES, Topology, one_chunk_per_rank
 from dynamiq.topologies.schedule import Schedule, Transfer
 
@@ -36,3 +40,18 @@ class Ring(Topology):
         ]
         parents = tuple(tuple(-1 if r == c else (r + 1) % n for r in range(n)) for c in range(n))
         return one_chunk_per_rank(n, parents, transfers, self.spec())
+
+    def chunking(self, world_size: int) -> Chunking:
+        """See :meth:`Topology.chunking`: chunk ``c`` owned by rank ``c``, equal weights."""
+        self.check_world_size(world_size)
+        return Chunking(np.arange(world_size, dtype=np.int64), (1.0 / world_size,) * world_size)
+
+    def step_arrays(self, world_size: int) -> Iterator[StepArrays]:
+        """See :meth:`Topology.step_arrays` (the closed form of :meth:`_build`)."""
+        self.check_world_size(world_size)
+        n = world_size
+        r = np.arange(n, dtype=np.int64)
+        for s in range(n - 1):
+            yield StepArrays(s, "reduce", r, (r + 1) % n, (r - s - 1) % n)
+        for s in range(n - 1):
+            yield StepArrays(n - 1 + s, "gather", r, (r + 1) % n, (r - s) % n)
