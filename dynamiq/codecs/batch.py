@@ -13,7 +13,7 @@ bits of the per-message one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 
 from dynamiq.codecs.base import HopContext
 
-__all__ = ["HopBatch"]
+__all__ = ["HopBatch", "split_unaligned"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,20 @@ class HopBatch:
         """The stream columns, arrays as int64 and scalars as ints."""
         return [np.asarray(c, dtype=np.int64) if np.ndim(c) else int(c) for c in self.streams]
 
+    def subset(self, mask: np.ndarray) -> tuple[HopBatch, torch.Tensor]:
+        """The rows where ``mask`` holds, as a batch of their own, and int64 indices of their
+        values in this batch's flat buffer (on the CPU)."""
+        sel = np.flatnonzero(mask)
+        cols = tuple(np.asarray(c)[sel] if np.ndim(c) else c for c in self.streams)
+        sub = HopBatch(cols, self.ranks[sel], self.offsets[sel], self.sizes[sel],
+                       self.summands[sel], self.world_size, self.stats, self.prepared,
+                       self.backend)
+        cnt = self.sizes[sel]
+        before = np.zeros_like(cnt)
+        np.cumsum(cnt[:-1], out=before[1:])
+        idx = np.repeat(self.starts[sel] - before, cnt) + np.arange(int(cnt.sum()))
+        return sub, torch.from_numpy(idx.astype(np.int64))
+
     def context(self, i: int) -> HopContext:
         """Row ``i`` as the :class:`~dynamiq.codecs.HopContext` a per-message executor gives
         that compression."""
@@ -105,3 +119,27 @@ class HopBatch:
             raise ValueError(f"batch values have {values.numel()} coordinates, its rows "
                              f"{self.total}")
 
+
+def split_unaligned(values: torch.Tensor, batch: HopBatch, unit: int,
+                    whole: Callable[[torch.Tensor, HopBatch], np.ndarray],
+                    each: Callable[[torch.Tensor, HopBatch], np.ndarray]) -> np.ndarray | None:
+    """Run a batch whose rows are not all whole ``unit`` s (the vector's last chunk may end
+    in part of one): the other rows through ``whole`` on a buffer of their own, where every
+    row starts on a unit, the cut ones through ``each`` (the per-message round trip).
+
+    Returns:
+        int64 ``[k]`` message bytes, or ``None`` when every row is whole (nothing ran: the
+        caller codes the batch itself).
+    """
+    ok = batch.sizes % unit == 0
+    if ok.all():
+        return None
+    nbytes = np.zeros(len(batch), dtype=np.int64)
+    for mask, run in ((~ok, each), (ok, whole)):
+        if mask.any():
+            sub, idx = batch.subset(mask)
+            idx = idx.to(values.device)
+            part = values[idx]
+            nbytes[mask] = run(part, sub)
+            values[idx] = part
+    return nbytes

@@ -14,6 +14,7 @@ from dynamiq.codecs.base import (
     check_writeback,
     hop_kernels,
 )
+from dynamiq.kernels import backend_for
 from dynamiq.spec import format_call
 
 __all__ = ["Passthrough"]
@@ -73,6 +74,18 @@ class Passthrough(PartialSumCodec):
         out = self._out(acc.numel(), out, acc.device)
         hop_kernels(ctx, acc).wire_recompress(data, acc, self.wire, wb, out)
         return out
+
+    def roundtrip_batch(self, values, batch):
+        """Every row's round trip in one cast of the whole buffer (values are coded one by
+        one)."""
+        batch.check(values)
+        if self.wire != "fp32" and values.numel():
+            be = backend_for(batch.backend, values)
+            data = torch.empty(self.wire_bytes(values.numel()), dtype=torch.uint8,
+                               device=values.device)
+            be.wire_encode(values, self.wire, data)
+            be.wire_decode(data, self.wire, values, False)
+        return batch.sizes * (4 if self.wire == "fp32" else 2)
 
     def spec(self) -> str:
         return format_call("passthrough", self)

@@ -55,8 +55,9 @@ from dynamiq.codecs.base import (
     hop_kernels,
     message_buffer,
 )
+from dynamiq.codecs.batch import split_unaligned
 from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
-from dynamiq.kernels import FormatTables, SharedScaleCode
+from dynamiq.kernels import FormatTables, SharedScaleCode, backend_for
 from dynamiq.spec import format_call
 
 __all__ = ["MX_ELEMENTS", "SharedScale", "SharedScalePlan", "mx_codec"]
@@ -326,6 +327,32 @@ class SharedScale(DecodeHops, PartialSumCodec):
                                                 self._block_scales(n, ctx, acc.device),
                                                 self.block, wb, out)
         return out
+
+    def roundtrip_batch(self, values, batch):
+        """Every row's round trip in one encode and one decode over the whole buffer: blocks
+        are coded independently, on scales of the call's plan (by global block), without
+        random numbers."""
+        batch.check(values)
+        b = self.block
+        split = split_unaligned(values, batch, b, self.roundtrip_batch,
+                                lambda v, sub: PartialSumCodec.roundtrip_batch(self, v, sub))
+        if split is not None:
+            return split
+        per_row = batch.sizes // b
+        first = np.repeat(batch.offsets // b - np.cumsum(per_row) + per_row, per_row)
+        blocks = first + np.arange(int(per_row.sum()), dtype=np.int64)
+        plan = self.plan_in(batch.context(0)) if len(batch) else None
+        if plan is None:
+            scales = torch.ones(blocks.size, dtype=torch.float32, device=values.device)
+        else:
+            scales = plan.scales.to(device=values.device, dtype=torch.float32)[
+                torch.from_numpy(blocks).to(values.device)]
+        be = backend_for(batch.backend, values)
+        data = torch.empty(self.wire_bytes(values.numel()), dtype=torch.uint8,
+                           device=values.device)
+        be.shared_encode(self._code, values, scales, b, data)
+        be.shared_decode(self._code, data, scales, b, values, False)
+        return -(-batch.sizes * self.bits // 8)
 
     def spec(self) -> str:
         return format_call("shared_scale", self)

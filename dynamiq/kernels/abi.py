@@ -11,6 +11,7 @@ Records:
 * :class:`BlockCode` — a block quantizer as the kernels see it (spec, format tables, scale
   divisor, dither amplitude) and its payload layout;
 * :class:`RandKeys` — the random-number keys and position of one encode/decode;
+* :class:`BlockKeys` — the same per block, for calls whose blocks belong to many chunks;
 * :class:`SharedScaleCode` — a shared-scale minifloat element format as the kernels see it;
 * :class:`Selection` — which blocks of a chunk travel (sparse wire values);
 * :class:`LevelGrid` — THC's level table on a fine integer grid (integer-sum leaf rounding).
@@ -42,6 +43,7 @@ __all__ = [
     "TILE_INTERPRETED",
     "WIRE_DTYPES",
     "BlockCode",
+    "BlockKeys",
     "KernelSpec",
     "LevelGrid",
     "Purpose",
@@ -209,6 +211,44 @@ class RandKeys(NamedTuple):
     rank: int
     world: int
     offset: int
+
+
+class BlockKeys(NamedTuple):
+    """:class:`RandKeys` with a value per block: the keys and position of every block of a
+    call whose blocks come from many chunks (a batch of compressions by many ranks).
+
+    Block ``i`` is coded exactly as a call with ``RandKeys(k0[i], k1[i], p0[i], p1[i], q0[i],
+    q1[i], rank[i], world, offset[i])`` codes its first block. Arrays are uint64 (keys) and
+    int64 (ranks, offsets) of one length.
+    """
+
+    k0: np.ndarray
+    k1: np.ndarray
+    p0: np.ndarray
+    p1: np.ndarray
+    q0: np.ndarray
+    q1: np.ndarray
+    rank: np.ndarray
+    world: int
+    offset: np.ndarray
+
+    def block(self, i: int) -> RandKeys:
+        """Block ``i``'s keys as :class:`RandKeys`."""
+        return RandKeys(int(self.k0[i]), int(self.k1[i]), int(self.p0[i]), int(self.p1[i]),
+                        int(self.q0[i]), int(self.q1[i]), int(self.rank[i]), self.world,
+                        int(self.offset[i]))
+
+    def runs(self, block: int) -> np.ndarray:
+        """int64 starts of the runs of blocks that one :class:`RandKeys` call codes alike
+        (equal keys and rank, offsets one ``block`` apart), followed by the number of blocks."""
+        m = len(self.offset)
+        if m == 0:
+            return np.zeros(1, np.int64)
+        same = np.ones(m - 1, bool)
+        for a in (self.k0, self.k1, self.p0, self.p1, self.q0, self.q1, self.rank):
+            same &= a[1:] == a[:-1]
+        same &= self.offset[1:] == self.offset[:-1] + block
+        return np.concatenate([[0], np.flatnonzero(~same) + 1, [m]]).astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)

@@ -38,6 +38,7 @@ from dynamiq.kernels.abi import (
     STAT_OPS,
     WIRE_DTYPES,
     BlockCode,
+    BlockKeys,
     LevelGrid,
     RandKeys,
     Selection,
@@ -105,6 +106,30 @@ class Backend:
         afterwards as ``writeback`` says. ``rows``, ``n``: the accumulator is ``acc``'s blocks
         ``rows[i]``, as in :meth:`block_encode`."""
         raise self._missing("block")
+
+    def block_roundtrip(self, code: BlockCode, x: torch.Tensor, keys: BlockKeys,
+                        rows: torch.Tensor) -> None:
+        """Replace ``x``'s blocks ``rows[i]`` (whole blocks, int64 indices) by their decoded
+        code, block ``i`` under ``keys.block(i)``: equivalent to
+        ``block_decode(block_encode(block))`` of every block alone.
+
+        This default codes each run of blocks that share their keys
+        (:meth:`~dynamiq.kernels.abi.BlockKeys.runs`) with one encode and one decode; a backend
+        with per-block keys in its kernels overrides it with one call of each.
+        """
+        b = code.spec.block
+        runs = keys.runs(b)
+        for a, e in zip(runs[:-1].tolist(), runs[1:].tolist()):
+            rand, n, sel = keys.block(a), (e - a) * b, rows[a:e]
+            buf = torch.empty(code.nbytes(n), dtype=torch.uint8, device=x.device)
+            if self.block_rows:
+                self.block_encode(code, x, rand, buf, rows=sel, n=n)
+                self.block_decode(code, buf, x, rand, False, rows=sel, n=n)
+            else:
+                dense = self.gather_rows(x, sel, b)
+                self.block_encode(code, dense, rand, buf)
+                self.block_decode(code, buf, dense, rand, False)
+                self.scatter_rows(dense, sel, x, False, b)
 
     # ---- shared-scale minifloats (LSB-first bit stream of mbits+1-bit codes) ------------------
     def shared_encode(self, code: SharedScaleCode, x: torch.Tensor, scales: torch.Tensor,

@@ -18,6 +18,7 @@ from dynamiq.kernels import (
     ROUNDING,
     SCALE_ROUNDING,
     BlockCode,
+    BlockKeys,
     FormatTables,
     KernelSpec,
     Purpose,
@@ -30,7 +31,7 @@ from dynamiq.quantizers.checks import check_quantizer_config
 from dynamiq.quantizers.layout import compact, expand, wire_layout
 from dynamiq.quantizers.payload import Payload
 from dynamiq.quantizers.rows import rows_length
-from dynamiq.rng import MAX_WORLD, make_key
+from dynamiq.rng import MAX_WORLD, make_key, make_keys
 
 __all__ = ["BlockQuantizer"]
 
@@ -200,6 +201,58 @@ class BlockQuantizer:
         p0, p1 = make_key(seed, *stream, Purpose.PERMUTATION)
         q0, q1 = make_key(seed, *stream, rank, Purpose.SCALE)
         return RandKeys(k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
+
+    def block_keys(self, seed: int, streams: tuple, ranks: np.ndarray, world_size: int,
+                   offsets: np.ndarray) -> BlockKeys:
+        """The keys of many blocks at once: block ``i`` gets what :meth:`encode` with
+        ``rank=ranks[i]``, ``stream=tuple(c[i] for c in streams)`` and
+        ``index_offset=offsets[i]`` gives its first block.
+
+        Args:
+            seed: As for :meth:`encode`.
+            streams: Stream columns, ints or int64 ``[blocks]`` arrays.
+            ranks: int64 ``[blocks]``.
+            world_size: As for :meth:`encode`.
+            offsets: int64 ``[blocks]``, the global index of each block's first coordinate.
+        """
+        ranks = np.asarray(ranks, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if ranks.size and (int(ranks.min()) < 0 or int(ranks.max()) >= world_size):
+            raise ValueError(f"ranks must be in [0, world_size), {world_size=}")
+        if offsets.size and int(offsets.min()) < 0:
+            raise ValueError("offsets must be >= 0")
+        if world_size > MAX_WORLD:
+            raise ValueError(f"world_size must be at most {MAX_WORLD}, got {world_size}")
+        k0, k1 = make_keys(seed, *streams, ranks, int(Purpose.ELEMENT))
+        p0, p1 = make_keys(seed, *streams, int(Purpose.PERMUTATION))
+        q0, q1 = make_keys(seed, *streams, ranks, int(Purpose.SCALE))
+        shape = ranks.shape
+        p0, p1 = np.broadcast_to(p0, shape), np.broadcast_to(p1, shape)
+        return BlockKeys(k0, k1, p0, p1, q0, q1, ranks, world_size, offsets)
+
+    def roundtrip_blocks(self, x: torch.Tensor, rows: torch.Tensor, keys: BlockKeys,
+                         backend: str = "auto") -> None:
+        """Replace ``x``'s whole blocks ``rows[i]`` (int64 indices of blocks of
+        :attr:`block_size`) in place by their quantized values, block ``i`` under
+        ``keys.block(i)`` (:meth:`block_keys`): equivalent to :meth:`roundtrip` of every
+        block alone with its own rank, stream and offset.
+
+        Args:
+            x: float32, contiguous, 1-D.
+            rows: int64 ``[blocks]``, distinct, each a whole block of ``x``.
+            keys: One entry per row.
+            backend: As for :meth:`encode`.
+        """
+        if (not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 1
+                or not x.is_contiguous()):
+            raise ValueError("x must be a contiguous 1-D float32 tensor")
+        if len(keys.offset) != rows.numel():
+            raise ValueError(f"{len(keys.offset)} keys for {rows.numel()} blocks")
+        if rows.numel() and (int(rows.min()) < 0
+                             or (int(rows.max()) + 1) * self.block_size > x.numel()):
+            raise ValueError("rows must name whole blocks of x")
+        if rows.numel():
+            backend_for(backend, x).block_roundtrip(self._code, x, keys, rows)
 
     def _check_out(self, n: int, out: torch.Tensor | None,
                    device: torch.device | None = None) -> None:

@@ -25,6 +25,7 @@ from dynamiq.codecs.base import (
     check_writeback,
     hop_backend,
 )
+from dynamiq.codecs.dynamiq.batch import roundtrip_batch
 from dynamiq.codecs.dynamiq.calibration import calibration_sums
 from dynamiq.codecs.dynamiq.errors import width_options
 from dynamiq.codecs.dynamiq.hops import hop_plans, ring_profile
@@ -513,6 +514,11 @@ class DynamiQ(PartialSumCodec):
                            out[b0:b1], wb, be, in_rank=src.rank, in_stream=self._stream(src),
                            **self._rand(ctx, first))
         return out
+
+    def roundtrip_batch(self, values, batch):
+        """Every row's round trip with one encode and one decode per option present (see
+        :mod:`~dynamiq.codecs.dynamiq.batch`); the same bits as the per-message operations."""
+        return roundtrip_batch(self, values, batch)
 
     def spec(self) -> str:
         return format_call("dynamiq", self)
