@@ -238,6 +238,13 @@ class BlockKeys(NamedTuple):
                         int(self.q0[i]), int(self.q1[i]), int(self.rank[i]), self.world,
                         int(self.offset[i]))
 
+    def take(self, rows: np.ndarray, offsets: np.ndarray) -> BlockKeys:
+        """The keys of blocks that belong to entries ``rows`` of these, with their own
+        ``offsets``."""
+        return BlockKeys(self.k0[rows], self.k1[rows], self.p0[rows], self.p1[rows],
+                         self.q0[rows], self.q1[rows], self.rank[rows], self.world,
+                         np.asarray(offsets, dtype=np.int64))
+
     def runs(self, block: int) -> np.ndarray:
         """int64 starts of the runs of blocks that one :class:`RandKeys` call codes alike
         (equal keys and rank, offsets one ``block`` apart), followed by the number of blocks."""

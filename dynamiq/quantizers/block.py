@@ -202,11 +202,12 @@ class BlockQuantizer:
         q0, q1 = make_key(seed, *stream, rank, Purpose.SCALE)
         return RandKeys(k0, k1, p0, p1, q0, q1, rank, world_size, index_offset)
 
-    def block_keys(self, seed: int, streams: tuple, ranks: np.ndarray, world_size: int,
+    @staticmethod
+    def block_keys(seed: int, streams: tuple, ranks: np.ndarray, world_size: int,
                    offsets: np.ndarray) -> BlockKeys:
         """The keys of many blocks at once: block ``i`` gets what :meth:`encode` with
         ``rank=ranks[i]``, ``stream=tuple(c[i] for c in streams)`` and
-        ``index_offset=offsets[i]`` gives its first block.
+        ``index_offset=offsets[i]`` gives its first block (the same for every quantizer).
 
         Args:
             seed: As for :meth:`encode`.
@@ -226,8 +227,7 @@ class BlockQuantizer:
         k0, k1 = make_keys(seed, *streams, ranks, int(Purpose.ELEMENT))
         p0, p1 = make_keys(seed, *streams, int(Purpose.PERMUTATION))
         q0, q1 = make_keys(seed, *streams, ranks, int(Purpose.SCALE))
-        shape = ranks.shape
-        p0, p1 = np.broadcast_to(p0, shape), np.broadcast_to(p1, shape)
+        p0, p1 = np.broadcast_to(p0, ranks.shape), np.broadcast_to(p1, ranks.shape)
         return BlockKeys(k0, k1, p0, p1, q0, q1, ranks, world_size, offsets)
 
     def roundtrip_blocks(self, x: torch.Tensor, rows: torch.Tensor, keys: BlockKeys,

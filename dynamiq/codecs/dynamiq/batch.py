@@ -22,6 +22,7 @@ from dynamiq.codecs.batch import HopBatch, split_unaligned
 from dynamiq.codecs.dynamiq.segments import _BF16, _on
 from dynamiq.kernels import Backend, backend_for
 from dynamiq.metadata import SUPER_GROUP
+from dynamiq.quantizers import BlockQuantizer
 
 if TYPE_CHECKING:
     from dynamiq.codecs.dynamiq.codec import DynamiQ
@@ -48,6 +49,7 @@ def roundtrip_batch(codec: DynamiQ, values: torch.Tensor, batch: HopBatch) -> np
     cols = batch.stream_columns()
     if codec.rounding == "path" and cols:
         cols[-1] = 0  # the whole tree shares one stream (see DynamiQ._stream)
+    row_keys = None  # every row's keys, folded once (the same for every option)
     option_bytes = np.array([o.nbytes(SUPER_GROUP) for o in codec.options], dtype=np.int64)
     for s in np.unique(batch.summands[rows]).tolist():
         sel = rows[batch.summands[rows] == s]
@@ -72,10 +74,11 @@ def roundtrip_batch(codec: DynamiQ, values: torch.Tensor, batch: HopBatch) -> np
             blocks = (flat[m][:, None] * per + sub).reshape(-1)
             offsets = (plan.position[first[m]][:, None] * SUPER_GROUP
                        + sub * q.block_size).reshape(-1)
-            owner = np.repeat(row_of[m], per)
-            streams = tuple(c[owner] if isinstance(c, np.ndarray) else c for c in cols)
-            keys = q.block_keys(codec.seed, streams, batch.ranks[owner], batch.world_size,
-                                offsets)
+            if row_keys is None:
+                row_keys = BlockQuantizer.block_keys(codec.seed, tuple(cols), batch.ranks,
+                                                     batch.world_size,
+                                                     np.zeros(len(batch), np.int64))
+            keys = row_keys.take(np.repeat(row_of[m], per), offsets)
             q.roundtrip_blocks(values, torch.from_numpy(blocks).to(values.device), keys,
                                backend=batch.backend)
     return nbytes

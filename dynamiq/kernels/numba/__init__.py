@@ -51,6 +51,9 @@ class NumbaBackend(Backend):
     def block_decode(self, code, data, out, rand, accumulate, rows=None, n=None):
         _mod("blocks").block_decode(code, data, out, rand, accumulate, rows, n)
 
+    def block_roundtrip(self, code, x, keys, rows):
+        _mod("blocks").block_roundtrip(code, x, keys, rows)
+
     def block_recompress(self, code, data, acc, rand, irand, writeback, out, rows=None,
                          n=None):
         _mod("blocks").block_recompress(code, data, acc, rand, irand, writeback, out, rows, n)

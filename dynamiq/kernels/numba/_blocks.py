@@ -528,3 +528,52 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
             decode_codes(cb, sv, cnt * GPB, gsize, y, U(0), tables[2], kap, rand,
                          U(rand[8]) + s * U(BLOCK), ub)
             store_rows(y, rows, t0, cnt, acc, False)
+
+
+@nb.njit(inline="always", cache=True)
+def block_rand(keys, i, world):
+    """The ``rand`` tuple of block ``i`` of a keyed call: its keys and rank (``keys[i, :7]``)
+    and an offset that the stream formulas turn into the block's own (``keys[i, 7]`` is its
+    first coordinate's index minus ``i * BLOCK``, wrapping like the unsigned indices)."""
+    k = keys[i]
+    return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], world, k[7])
+
+
+@nb.njit(parallel=True, cache=True, error_model="numpy")
+def encode_keyed(x, nblocks, rows, codes, scales, supers, tables, consts, world, keys):
+    """:func:`encode` of blocks ``rows[i]`` of ``x`` as stream blocks ``0 .. nblocks``, block
+    ``i`` under its own keys (:func:`block_rand`): the blocks of many chunks and ranks in one
+    call. Each block is coded exactly as a call of its own would code it."""
+    for c in nb.prange((nblocks + TASK - 1) // TASK):
+        t0, cnt = task_range(c, nblocks)
+        t = np.empty(TN, np.float32)
+        y = np.empty(TN, np.float32)
+        cb = np.empty(TN, CODE_T)
+        w = scratch()
+        load_rows(x, rows, t0, cnt, t)
+        for i in range(cnt):
+            b = t0 + U(i)
+            encode_task(t, U(i) * U(BLOCK), b, 1, codes, scales, supers, tables, consts,
+                        block_rand(keys, b, world), w, y, cb)
+
+
+@nb.njit(parallel=True, cache=True, error_model="numpy")
+def decode_keyed(out, nblocks, rows, codes, scales, supers, tables, consts, world, keys):
+    """:func:`decode` of stream blocks ``0 .. nblocks`` into blocks ``rows[i]`` of ``out``
+    (overwritten), a dithered block regenerating its uniforms under its own keys."""
+    gsize = consts[12]
+    kap = np.float32(consts[11])
+    for c in nb.prange((nblocks + TASK - 1) // TASK):
+        t0, cnt = task_range(c, nblocks)
+        sv = np.empty(TG, np.float32)
+        cb = np.empty(TN, CODE_T)
+        ub = np.empty(UN_DEC, np.float32)
+        t = np.empty(TN, np.float32)
+        unpack(codes, t0 * U(CBYTES), cnt * BLOCK, cb)
+        group_scales(scales, supers, tables[4], tables[6], t0, cnt, sv)
+        for i in range(cnt):
+            b = t0 + U(i)
+            r = block_rand(keys, b, world)
+            decode_codes(cb[U(i) * U(BLOCK):], sv[U(i) * U(GPB):], GPB, gsize, t,
+                         U(i) * U(BLOCK), tables[2], kap, r, U(r[8]) + b * U(BLOCK), ub)
+        store_rows(t, rows, t0, cnt, out, False)

@@ -40,10 +40,10 @@ import numba
 import numpy as np
 import torch
 
-from dynamiq.kernels.abi import BlockCode, KernelSpec, RandKeys, Writeback
+from dynamiq.kernels.abi import BlockCode, BlockKeys, KernelSpec, RandKeys, Writeback
 
 __all__ = ["SERIAL_BELOW", "block_decode", "block_encode", "block_recompress",
-           "kernel_cache_dir", "kernels"]
+           "block_roundtrip", "kernel_cache_dir", "kernels"]
 
 #: Below this many coordinates a kernel runs on the calling thread only: waking the thread pool
 #: costs more than the work (milliseconds when the other cores are busy, e.g. other ranks).
@@ -241,3 +241,24 @@ def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, ran
                          ir, wb)
             if writeback != Writeback.NONE:
                 a[at:at + n - cut] = tail[: n - cut]
+
+
+def block_roundtrip(code: BlockCode, x: torch.Tensor, keys: BlockKeys,
+                    rows: torch.Tensor) -> None:
+    """See :meth:`dynamiq.kernels.backend.Backend.block_roundtrip`: one keyed encode and one
+    keyed decode (every block under its own keys) through a scratch payload."""
+    nb_ = rows.numel()
+    b = code.spec.block
+    table = np.empty((nb_, 8), np.int64)
+    for j, col in enumerate((keys.k0, keys.k1, keys.p0, keys.p1, keys.q0, keys.q1, keys.rank)):
+        table[:, j] = col
+    # the kernels index block i's stream from offset + i * block: store each block's own
+    # offset less that
+    table[:, 7] = np.asarray(keys.offset, np.int64) - np.arange(nb_, dtype=np.int64) * b
+    xs, rs = x.numpy(), rows.numpy()
+    tables, consts = kernel_args(code)
+    sections = _sections(code, np.empty(code.nbytes(nb_ * b), np.uint8), nb_ * b)
+    k = kernels(code.spec)
+    with threads_for(nb_ * b):
+        k.encode_keyed(xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
+        k.decode_keyed(xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
