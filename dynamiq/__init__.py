@@ -20,6 +20,7 @@ from dynamiq.codecs import (
     get_codec,
 )
 from dynamiq.collectives.api import CallMismatchError, all_reduce, reset_call_counters
+from dynamiq.collectives.batched import simulate_batched
 from dynamiq.collectives.p2p import P2PStats
 from dynamiq.collectives.simulator import SimulationResult, simulate
 from dynamiq.formats import (
@@ -103,4 +104,5 @@ __all__ = [
     "reset_call_counters",
     "resolve_format",
     "simulate",
+    "simulate_batched",
 ]

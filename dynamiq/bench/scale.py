@@ -3,19 +3,27 @@
 The paper's synthetic model (docs/method.rst): super-group norms from a two-component
 log-normal mixture, coordinates ``N(0, M²/256)`` independently per rank
 (:class:`~dynamiq.bench.workloads.LogNormal`). DynamiQ at several budgets (widths 2–8 and 16:
-BF16 is the top width at large scale, as in the paper's simulation) against MXFP8, on ring and
-butterfly.
+BF16 is the top width at large scale, as in the paper's simulation) against MXFP8 and BF16, on
+ring and butterfly. Every run is :func:`~dynamiq.collectives.batched.simulate_batched`, which
+processes a schedule step at once (the same bits as the per-message simulator).
 
 Memory stays bounded by streaming: the vector is reduced slice by slice (every rank's slice is
 generated on demand), each slice one simulated all-reduce with its own metadata phase and width
 allocation; squared errors and norms are summed over slices, so the reported vNMSE is that of
 the whole vector. Allocating per slice instead of over the whole vector changes nothing in
-distribution here, as the super-groups are independent and identically distributed.
+distribution here, as the super-groups are independent and identically distributed. A slice
+holds whole super-groups for every rank where ``d`` allows (``256·n`` coordinates or more);
+beyond that (4096 ranks and ``d = 2^18``: 64 coordinates per rank) the whole vector is one
+slice, and a method whose blocks are larger than a rank's share leaves some ranks' chunks
+empty (DynamiQ's 256-coordinate super-groups fill 1024 of 4096 chunks; MXFP8's 32-coordinate
+blocks fill all), while every chunk still travels the full ring.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import resource
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +33,7 @@ import torch
 from dynamiq.bench.output import stderr_log, write_rows
 from dynamiq.bench.plots import check_plot_path, scatter_plot
 from dynamiq.bench.progress import progress_bar, quiet
-from dynamiq.collectives.simulator import simulate
+from dynamiq.collectives.batched import simulate_batched
 from dynamiq.pipeline import Pipeline
 
 __all__ = ["ScaleRow", "run", "scale_pipelines"]
@@ -44,6 +52,7 @@ class ScaleRow:
         bits_per_coord: Measured ``b̄`` (metadata included).
         vnmse: ``Σ‖Ŝ−S‖² / Σ‖S‖²`` over all slices.
         seconds: Simulation time.
+        peak_memory_gb: The process's peak resident memory when the row was done (GiB).
     """
 
     method: str
@@ -54,10 +63,17 @@ class ScaleRow:
     bits_per_coord: float
     vnmse: float
     seconds: float
+    peak_memory_gb: float = 0.0
+
+
+def peak_memory_gb() -> float:
+    """This process's peak resident memory so far, in GiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 def scale_pipelines(budgets: Sequence[float], topology: str) -> list[tuple[str, Pipeline]]:
-    """DynamiQ at each budget, then MXFP8, on ``topology``."""
+    """DynamiQ at each budget, then MXFP8 and BF16, on ``topology``."""
     from dynamiq.pipeline import get_pipeline
 
     out = [(f"dynamiq {b:g}b",
@@ -65,6 +81,7 @@ def scale_pipelines(budgets: Sequence[float], topology: str) -> list[tuple[str, 
            for b in budgets]
     mx = get_pipeline("mxfp8")
     out.append(("mxfp8", dataclasses.replace(mx, topology=topology)))
+    out.append(("bf16", Pipeline.parse(f"passthrough(wire=bf16)@{topology}")))
     return out
 
 
@@ -89,7 +106,7 @@ def run(
         budgets: DynamiQ budgets in bits/coordinate.
         d: Coordinates per rank.
         slice_coords: Coordinates per streamed slice (default ``max(2^16, 256·n)``, rounded
-            to a multiple of ``256·n`` so every rank owns whole super-groups).
+            to a multiple of ``256·n`` so every rank owns whole super-groups; at most ``d``).
         seed: Seed of the synthetic gradients.
         json_path, plot_path: Optional outputs (the plot ``.svg`` or ``.png``).
         out: Where the table goes.
@@ -109,12 +126,13 @@ def run(
     for n in world_sizes:
         unit = 256 * n
         sl = slice_coords or max(1 << 16, unit)
-        sl = max(unit, sl // unit * unit)
+        sl = min(d, max(unit, sl // unit * unit))
         for topo in topologies:
             methods = scale_pipelines(budgets, topo)
             err = {m: 0.0 for m, _ in methods}
             bits = {m: 0.0 for m, _ in methods}
             secs = {m: 0.0 for m, _ in methods}
+            peak = {m: 0.0 for m, _ in methods}
             norm = 0.0
             states: dict[str, dict] = {m: {} for m, _ in methods}
             nslices = -(-d // sl)
@@ -122,18 +140,23 @@ def run(
             bar = progress_bar(nslices, f"n={n} {topo}", unit="slice")
             for k in range(nslices):
                 a, b = k * sl, min(d, (k + 1) * sl)
-                x = torch.stack([model.rank_vector(r, a, b, world_size=n, seed=seed)
-                                 for r in range(n)])
+                x = torch.empty(n, b - a)
+                for r in range(n):
+                    x[r] = model.rank_vector(r, a, b, world_size=n, seed=seed)
                 exact = None
-                for m, p in methods:
+                for i, (m, p) in enumerate(methods):
+                    # the simulation overwrites its input: a copy for all but the last method
+                    y = x if i == len(methods) - 1 else x.clone()
                     t0 = time.perf_counter()
-                    res = simulate(p, x, call=k, state=states[m], track_hops=False)
+                    res = simulate_batched(p, y, call=k, state=states[m], inplace=True)
                     secs[m] += time.perf_counter() - t0
+                    del y
                     if exact is None:
                         exact = float((res.exact**2).sum())
                         norm += exact
                     err[m] += res.vnmse * exact
                     bits[m] += res.bits * (b - a)
+                    peak[m] = peak_memory_gb()
                 del x
                 bar.update()
                 if quiet(bar):
@@ -142,16 +165,17 @@ def run(
             bar.close()
             for m, p in methods:
                 rows.append(ScaleRow(m, str(p), topo, n, d, bits[m] / d,
-                                     err[m] / norm if norm else 0.0, secs[m]))
+                                     err[m] / norm if norm else 0.0, secs[m], peak[m]))
                 log(f"  n={n} {topo} {m}: vNMSE {rows[-1].vnmse:.4g} "
-                    f"bits {rows[-1].bits_per_coord:.3f}")
-    head = f"{'n':>6} {'topology':<10} {'method':<14} {'bits/coord':>10} {'vNMSE':>11}"
+                    f"bits {rows[-1].bits_per_coord:.3f} ({secs[m]:.1f} s)")
+    head = (f"{'n':>6} {'topology':<10} {'method':<14} {'bits/coord':>10} {'vNMSE':>11} "
+            f"{'seconds':>8} {'peak GiB':>8}")
     out(f"\nsynthetic log-normal model, {d} coordinates per rank")
     out(head)
     out("-" * len(head))
     for r in rows:
         out(f"{r.world_size:>6} {r.topology:<10} {r.method:<14} {r.bits_per_coord:10.3f} "
-            f"{r.vnmse:11.4g}")
+            f"{r.vnmse:11.4g} {r.seconds:8.1f} {r.peak_memory_gb:8.2f}")
     if json_path:
         write_rows(rows, json_path, log)
     if plot_path:

@@ -23,6 +23,7 @@ are the memory the simulation needs.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Trees:
             (:meth:`Schedule.heights <dynamiq.topologies.Schedule.heights>`).
         sends: bool, whether each rank sends a reduce message of each chunk.
         gathers: int64 ``[chunks]``, all-gather transfers of each chunk.
+        steps: Number of step arrays (phases of steps) the schedule has.
     """
 
     children: np.ndarray
@@ -68,6 +70,7 @@ class Trees:
     heights: np.ndarray
     sends: np.ndarray
     gathers: np.ndarray
+    steps: int = 0
 
     @classmethod
     def of(cls, steps: Any, chunks: int, world_size: int) -> Trees:
@@ -82,6 +85,7 @@ class Trees:
         t = cls(np.zeros(shape, np.int32), np.ones(shape, np.int32), np.zeros(shape, np.int32),
                 np.zeros(shape, bool), np.zeros(chunks, np.int64))
         for sa in steps:
+            t.steps += 1
             c, src, dst = sa.chunk, sa.src, sa.dst
             if sa.phase == "gather":
                 t.gathers += np.bincount(c, minlength=chunks)
@@ -166,6 +170,22 @@ def _flat_index(ranks: np.ndarray, chunks: np.ndarray, lo: np.ndarray, size: np.
     np.cumsum(cnt[:-1], out=before[1:])
     idx = np.repeat(first - before, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
     return torch.from_numpy(idx)
+
+
+#: Coordinates a step moves at once, about: a step with more (a butterfly's first steps move half
+#: the vector of every rank) runs in pieces, which bounds the memory of its indices and values.
+PIECE = 1 << 22
+
+
+def _pieces(sizes: np.ndarray) -> list[slice]:
+    """Consecutive runs of transfers, each starting within one :data:`PIECE` of the step's
+    coordinates (so at most ``PIECE`` plus one transfer's coordinates)."""
+    if sizes.size == 0:
+        return []
+    start = np.cumsum(sizes) - sizes
+    group = start // PIECE
+    edges = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), sizes.size]
+    return [slice(a, b) for a, b in itertools.pairwise(edges)]
 
 
 def simulate_batched(
@@ -274,32 +294,36 @@ def simulate_batched(
         flat[idx] = vals
         return nbytes
 
-    steps = list(p.topology.step_arrays(n)) if progress else p.topology.step_arrays(n)
-    total = len(steps) if progress else 0
-    for k, sa in enumerate(steps):
+    def reduce(src: np.ndarray, dst: np.ndarray, c: np.ndarray) -> None:
+        """One piece of a reduce step: leaves compress as they send, receivers add, and a
+        receiver whose last message this was compresses its partial sum."""
+        leaf = trees.children[c, src] == 0
+        if leaf.any():
+            # a leaf compresses its own values as it sends them
+            np.add.at(sent, src[leaf], roundtrip(src[leaf], c[leaf]))
+        into = _flat_index(dst, c, lo, size, length).to(flat.device)
+        flat[into] += flat[_flat_index(src, c, lo, size, length).to(flat.device)]
+        remaining[c, dst] -= 1
+        done = remaining[c, dst] == 0
+        if done.any():
+            # the last incoming message: the rank compresses its partial sum (the owner
+            # keeps what every receiver will decode)
+            r, ch = dst[done], c[done]
+            nb = roundtrip(r, ch)
+            own = owners[ch] == r
+            final[ch[own]] = nb[own]
+            np.add.at(sent, r[~own], nb[~own])
+
+    for k, sa in enumerate(p.topology.step_arrays(n)):
         live = size[sa.chunk] > 0
         src, dst, c = sa.src[live], sa.dst[live], sa.chunk[live]
         if sa.phase == "gather":
             np.add.at(sent, src, final[c])
-        elif c.size:
-            leaf = trees.children[c, src] == 0
-            if leaf.any():
-                # a leaf compresses its own values as it sends them
-                np.add.at(sent, src[leaf], roundtrip(src[leaf], c[leaf]))
-            into = _flat_index(dst, c, lo, size, length).to(flat.device)
-            flat[into] += flat[_flat_index(src, c, lo, size, length).to(flat.device)]
-            remaining[c, dst] -= 1
-            done = remaining[c, dst] == 0
-            if done.any():
-                # the last incoming message: the rank compresses its partial sum (the owner
-                # keeps what every receiver will decode)
-                r, ch = dst[done], c[done]
-                nb = roundtrip(r, ch)
-                own = owners[ch] == r
-                final[ch[own]] = nb[own]
-                np.add.at(sent, r[~own], nb[~own])
+        else:
+            for part in _pieces(size[c]):
+                reduce(src[part], dst[part], c[part])
         if progress:
-            progress(k + 1, total)
+            progress(k + 1, trees.steps)
     keep = size > 0
     idx = _flat_index(owners[keep], np.flatnonzero(keep), lo, size, length).to(flat.device)
     res = flat[idx]

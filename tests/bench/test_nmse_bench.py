@@ -84,10 +84,24 @@ def test_scale_streams_slices(tmp_path):
     rows = scale.run(world_sizes=(4,), topologies=("ring",), budgets=(5.0,), d=3 * 4096,
                      slice_coords=4096, json_path=str(tmp_path / "s.json"), out=lambda s: None,
                      log=lambda s: None)
-    assert [r.method for r in rows] == ["dynamiq 5b", "mxfp8"]
+    assert [r.method for r in rows] == ["dynamiq 5b", "mxfp8", "bf16"]
     assert rows[0].bits_per_coord <= 5.0 + 1e-9 and rows[0].d == 3 * 4096
-    assert all(r.vnmse > 0 for r in rows)
+    assert rows[2].bits_per_coord == pytest.approx(16.0)
+    assert all(r.vnmse > 0 and r.peak_memory_gb > 0 for r in rows)
     assert json.loads((tmp_path / "s.json").read_text())[0]["world_size"] == 4
+
+
+def test_scale_equals_the_per_message_simulator():
+    """One slice per method: the batched run's error is the per-message simulator's."""
+    from dynamiq.bench.workloads import get_workload
+    from dynamiq.collectives.simulator import simulate
+
+    rows = scale.run(world_sizes=(8,), topologies=("ring",), budgets=(5.0,), d=2048,
+                     out=lambda s: None, log=lambda s: None)
+    model = get_workload("lognormal")
+    x = torch.stack([model.rank_vector(r, 0, 2048, world_size=8) for r in range(8)])
+    for row, (_, p) in zip(rows, scale.scale_pipelines((5.0,), "ring")):
+        assert row.vnmse == pytest.approx(simulate(p, x, track_hops=False).vnmse, rel=1e-12)
 
 
 # ---- derived views: bits to match a reference, bias, targets ---------------------------------

@@ -58,6 +58,7 @@ def test_registered_pipelines_match_the_simulator(name, n, d) -> None:
     "center+dynamiq(rounding=path)@butterfly",
     "rht+dynamiq@ring",
     "center+dynamiq(bits=5.0,widths=(2,3,4,5,6,7,8,16))@ring",
+    "center+dynamiq(dither_max_growth=1.01)@ring",
 ])
 def test_variants_match_the_simulator(spec) -> None:
     x = _inputs(16, 3000, seed=1)
@@ -75,6 +76,18 @@ def test_inplace_uses_the_inputs_and_avg_divides() -> None:
     got = simulate_batched("dynamiq", y, op="avg", inplace=True)
     _same(want, got)
     assert not torch.equal(y, x)  # the accumulators were the caller's tensor
+
+
+def test_large_steps_run_in_pieces_with_the_same_bits(monkeypatch) -> None:
+    from dynamiq.collectives import batched
+
+    x = _inputs(8, 4096)
+    want = simulate_batched("dynamiq-butterfly", x)
+    monkeypatch.setattr(batched, "PIECE", 700)  # not a multiple of any chunk
+    assert batched._pieces(np.array([512] * 4)) == [slice(0, 2), slice(2, 3), slice(3, 4)]
+    assert batched._pieces(np.array([100] * 15)) == [slice(0, 7), slice(7, 14), slice(14, 15)]
+    assert batched._pieces(np.array([], dtype=np.int64)) == []
+    _same(want, simulate_batched("dynamiq-butterfly", x))
 
 
 def test_progress_reports_every_step() -> None:

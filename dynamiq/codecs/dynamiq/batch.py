@@ -65,7 +65,7 @@ def roundtrip_batch(codec: DynamiQ, values: torch.Tensor, batch: HopBatch) -> np
                               minlength=len(batch)).astype(np.int64)
         for o in np.unique(choice).tolist():
             m = choice == o
-            q = codec.options[o].quantizer
+            q = codec.quantizer_for(o, plan)
             if q is None:
                 _bf16_blocks(values, torch.from_numpy(flat[m]).to(values.device), be)
                 continue

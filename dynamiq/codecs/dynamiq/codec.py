@@ -33,6 +33,7 @@ from dynamiq.codecs.dynamiq.options import (
     CodingOption,
     build_options,
     check_settings,
+    dither_floor,
     normalise_group_sizes,
     normalise_widths,
 )
@@ -101,6 +102,14 @@ class DynamiQ(PartialSumCodec):
             maximum and grows by about ``1 + 6κ²/12`` per hop (1.5 at width 2, 1.05 at 3, 1.009
             at 4): widths 2 and 3 are too coarse to dither along long chains, from 4 on the
             growth is negligible (measurements in docs/method.rst).
+        dither_max_growth: Along a chain of ``D`` hops the dither's noise of a width grows by
+            about ``dither_growth ** D`` (:func:`~dynamiq.codecs.dynamiq.options.dither_growth`:
+            1.0091 per hop at width 4, 1.0020 at 5, 1.0005 at 6); per call, a width whose
+            growth over the schedule's longest chain exceeds this is rounded stochastically
+            instead (:func:`~dynamiq.codecs.dynamiq.options.dither_floor`). The default keeps
+            width 4 dithered on rings of up to 534 ranks, width 5 up to 2449, width 6 up to
+            10,517 (every butterfly of up to 2^16 ranks keeps them all): on a ring of 1024 a
+            dithered width 4 diverges (docs/method.rst).
         metadata: Precision of the two statistics of the metadata phase: ``"fp8"`` (8 bits
             each, ``csumsq8``/``sum8``: 0.0625 bits/coordinate with a sum-of-squares for the
             allocation and a sum for centering, whose 1/16 relative precision costs nothing
@@ -148,6 +157,7 @@ class DynamiQ(PartialSumCodec):
     scale_rounding: str = "stochastic"
     dither: bool = True
     dither_min_width: int = 4
+    dither_max_growth: float = 128.0
     metadata: str = "fp8"
     super_scale: str = "bf16"
     target: float | str | None = None
@@ -246,6 +256,32 @@ class DynamiQ(PartialSumCodec):
     def _segments(self) -> tuple[Segment, ...]:
         return tuple(segment_of(o) for o in self.options)
 
+    @cached_property
+    def _plain(self) -> tuple[tuple[BlockQuantizer | None, Segment], ...]:
+        """Every option's quantizer and segment without dithering (the same where it has
+        none)."""
+        out = []
+        for o, seg in zip(self.options, self._segments):
+            q = o.quantizer
+            if q is None or not q.dither:
+                out.append((q, seg))
+            else:
+                plain = dataclasses.replace(q, dither=False)
+                out.append((plain, segment_of(dataclasses.replace(o, quantizer=plain))))
+        return tuple(out)
+
+    def _dithered(self, i: int, wp: WidthPlan | None) -> bool:
+        """Whether option ``i`` keeps its dithering under plan ``wp``."""
+        return wp is None or self.options[i].width >= wp.dither_from
+
+    def quantizer_for(self, i: int, wp: WidthPlan | None) -> BlockQuantizer | None:
+        """The quantizer option ``i`` codes with under the width plan ``wp`` (``None``:
+        BF16): its own, undithered when ``wp`` dithers only wider widths."""
+        return self.options[i].quantizer if self._dithered(i, wp) else self._plain[i][0]
+
+    def _segment(self, i: int, wp: WidthPlan | None) -> Segment:
+        return self._segments[i] if self._dithered(i, wp) else self._plain[i][1]
+
     @property
     def wants_compression_factors(self) -> bool:  # type: ignore[override]
         # only the targeted mode reads them; a fixed budget skips walking every chunk's tree
@@ -253,8 +289,9 @@ class DynamiQ(PartialSumCodec):
 
     @property
     def wants_hop_profile(self) -> bool:  # type: ignore[override]
-        """Whether :meth:`prepare` reads the schedule's hop profile (a per-hop allocation)."""
-        return self.per_hop and self.variable
+        """Whether :meth:`prepare` reads the schedule's hop profile (a per-hop allocation, or
+        the chain length that decides which widths are dithered)."""
+        return (self.per_hop and self.variable) or self.dither
 
     @property
     def variable(self) -> bool:
@@ -308,8 +345,21 @@ class DynamiQ(PartialSumCodec):
             :func:`~dynamiq.codecs.allocation.allocate` under ``bits * length`` minus the whole
             metadata phase (with a :attr:`target`, the smallest budget whose predicted vNMSE
             meets it), the same on every rank; with :attr:`per_hop`, one plan per hop
-            position (:attr:`WidthPlan.hops`) under that budget per transfer.
+            position (:attr:`WidthPlan.hops`) under that budget per transfer. Its
+            :attr:`WidthPlan.dither_from` is the narrowest width dithered on chains as long
+            as the profile's (:func:`~dynamiq.codecs.dynamiq.options.dither_floor`).
         """
+        profile = hop_profile if hop_profile is not None else ring_profile(world_size)
+        plan = self._decide(stats, length, world_size, state, compression_factors, profile)
+        if self.dither:
+            # sizes strictly grow along a chain, so the profile's positions bound its length
+            plan.with_dither_from(dither_floor(self, len(profile) - 1))
+        return plan
+
+    def _decide(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,
+                state: dict, compression_factors: tuple[float, float] | None,
+                profile: tuple[tuple[int, float, float], ...]) -> WidthPlan:
+        """:meth:`prepare`'s allocation, before the dithered widths are decided."""
         m = -(-length // SUPER_GROUP)
         if not self.variable:
             choice = np.zeros(m, dtype=np.int64)
@@ -330,7 +380,6 @@ class DynamiQ(PartialSumCodec):
         declared = set(self.statistics) | {k for k in stats if k in STATISTICS}
         meta = metadata_bits(sorted(declared), length)
         costs = self._costs(m, length)
-        profile = hop_profile if hop_profile is not None else ring_profile(world_size)
         if self.target is None:
             return self._allocate(energy, self.bits * length - meta, costs, length, profile,
                                   state)
@@ -457,10 +506,11 @@ class DynamiQ(PartialSumCodec):
         """The message for chunk ``x`` (float32 ``[n]``) at the position ``ctx`` gives."""
         _check_chunk(x)
         lay = self._layout(x.numel(), ctx)
+        wp = self._plan(ctx)
         be = hop_backend(ctx, x)
         out = self._out(lay, out, x.device)
         for k, (i, _, coords, b0, b1, first) in enumerate(lay.segments):
-            seg = self._segments[i]
+            seg = self._segment(i, wp)
             seg.encode(x, lay.rows(k, seg.block, x.device), coords, out[b0:b1], be,
                        **self._rand(ctx, first))
         return out
@@ -469,12 +519,13 @@ class DynamiQ(PartialSumCodec):
                      accumulate: bool) -> None:
         """Every segment of ``data`` decoded into its places of ``out`` (or added to them)."""
         lay = self._layout(out.numel(), None if ctx is None else ctx.producer)
+        wp = None if ctx is None else self._plan(ctx.producer)
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
         be = hop_backend(ctx, out)
         src = None if ctx is None else ctx.producer
         for k, (i, _, coords, b0, b1, first) in enumerate(lay.segments):
-            seg = self._segments[i]
+            seg = self._segment(i, wp)
             seg.decode(data[b0:b1], out, lay.rows(k, seg.block, out.device), coords,
                        accumulate, be, **self._rand(src, first))
 
@@ -503,13 +554,14 @@ class DynamiQ(PartialSumCodec):
                 self.decompress(out, acc, own)
             return out
         lay = self._layout(acc.numel(), ctx)
+        wp = self._plan(ctx)
         if data.numel() != lay.nbytes:
             raise ValueError(f"message has {data.numel()} bytes, this chunk's layout {lay.nbytes}")
         be = hop_backend(ctx, acc)
         out = self._out(lay, out, acc.device)
         src = ctx.producer
         for k, (i, _, coords, b0, b1, first) in enumerate(lay.segments):
-            seg = self._segments[i]
+            seg = self._segment(i, wp)
             seg.recompress(data[b0:b1], acc, lay.rows(k, seg.block, acc.device), coords,
                            out[b0:b1], wb, be, in_rank=src.rank, in_stream=self._stream(src),
                            **self._rand(ctx, first))

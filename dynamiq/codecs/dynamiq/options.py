@@ -32,6 +32,8 @@ __all__ = [
     "as_tuple",
     "build_options",
     "check_settings",
+    "dither_floor",
+    "dither_growth",
     "normalise_group_sizes",
     "normalise_widths",
 ]
@@ -160,6 +162,15 @@ def check_settings(codec: DynamiQ) -> None:
     m = codec.dither_min_width
     if isinstance(m, bool) or not isinstance(m, int) or not 2 <= m <= 16:
         raise ValueError(f"dither_min_width must be an int in [2, 16], got {m!r}")
+    g = codec.dither_max_growth
+    if isinstance(g, str):  # from a spec string
+        try:
+            g = float(g)
+        except ValueError:
+            raise ValueError(f"dither_max_growth must be a number, got {g!r}") from None
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not g >= 1.0:
+        raise ValueError(f"dither_max_growth must be a number >= 1, got {g!r}")
+    object.__setattr__(codec, "dither_max_growth", float(g))
 
 
 @dataclass(frozen=True)
@@ -222,3 +233,27 @@ def build_options(codec: DynamiQ) -> tuple[CodingOption, ...]:
             eps = codec.eps[i] if codec.eps else TUNED_EPSILON[w]
         out.extend(CodingOption(w, g, _quantizer(codec, w, eps, g)) for g in codec.group_size)
     return tuple(sorted(out, key=lambda o: (o.nbytes(SUPER_GROUP), o.width, -o.group_size)))
+
+
+def dither_growth(q: BlockQuantizer) -> float:
+    """The modelled growth per hop of a dithered quantizer's noise along a chain,
+    ``1 + c κ²/12`` with ``c = 6`` (docs/method.rst): 1.0091 at width 4, 1.0020 at 5, 1.0005
+    at 6 for the default ε-levels; 1 for an undithered one."""
+    top = float(q.element.magnitudes()[-1])
+    k = q.dither_amplitude / top if top > 0 else 0.0
+    return 1.0 + k * k / 2.0
+
+
+def dither_floor(codec: DynamiQ, depth: int) -> int:
+    """The narrowest width ``codec`` dithers on a schedule whose chains are at most ``depth``
+    hops long: ``dither_min_width``, raised until every dithered width's noise growth over
+    ``depth`` hops, ``dither_growth ** depth``, stays within ``codec.dither_max_growth``
+    (above every width of the codec: none is)."""
+    floor = codec.dither_min_width
+    for o in codec.options:
+        q = o.quantizer
+        growth = dither_growth(q) if q is not None and q.dither else 1.0
+        # in logarithms: the power overflows a float on long chains
+        if max(0, depth) * math.log(growth) > math.log(codec.dither_max_growth):
+            floor = max(floor, o.width + 1)
+    return floor

@@ -46,6 +46,10 @@ class WidthPlan:
             ``s`` contributions, by ``s`` (:attr:`HopContext.summands
             <dynamiq.codecs.HopContext.summands>`); ``choice`` is then the owner's (the whole
             sum's). ``None``: one plan for every hop.
+        dither_from: The narrowest width dithered in this call (the codec's
+            ``dither_min_width`` unless the schedule's chains are long enough to raise it, see
+            :func:`~dynamiq.codecs.dynamiq.options.dither_floor`); 0: as the options are
+            built.
     """
 
     choice: np.ndarray
@@ -53,6 +57,7 @@ class WidthPlan:
     budget_bits: float
     used_bits: float
     hops: dict[int, WidthPlan] | None = None
+    dither_from: int = 0
     _layouts: dict = field(default_factory=dict, repr=False)
     position: np.ndarray = field(init=False, repr=False)
 
@@ -62,6 +67,13 @@ class WidthPlan:
         order = _stable_order(self.choice)
         self.position = np.empty_like(order)
         self.position[order] = np.arange(order.size)
+
+    def with_dither_from(self, width: int) -> WidthPlan:
+        """This plan (and its hop plans) coding widths below ``width`` without dithering."""
+        self.dither_from = width
+        for h in (self.hops or {}).values():
+            h.dither_from = width
+        return self
 
     def for_summands(self, summands: int) -> WidthPlan:
         """The plan of a message coded from a partial sum of ``summands`` contributions (this

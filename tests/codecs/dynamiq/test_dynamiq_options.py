@@ -17,7 +17,7 @@ import pytest
 from dynamiq import formats
 from dynamiq.codecs import get_codec
 from dynamiq.codecs.dynamiq import ALLOWED_WIDTHS, BF16_WIDTH, TUNED_EPSILON, DynamiQ
-from dynamiq.codecs.dynamiq.options import as_tuple, build_options
+from dynamiq.codecs.dynamiq.options import as_tuple, build_options, dither_floor, dither_growth
 from dynamiq.formats import DEFAULT_EPSILON, FORMATS, EpsilonFormat
 from dynamiq.metadata import SUPER_GROUP as SG
 from dynamiq.pipeline import Pipeline
@@ -120,6 +120,8 @@ def test_tuple_fields_accept_one_value_a_list_or_text():
     ("dynamiq(widths=a/b)@ring", "widths must be a tuple of int"),
     ("dynamiq(group_size=24)@ring", "powers of two"),
     ("dynamiq(group_size=32/32)@ring", "group sizes repeat"),
+    ("dynamiq(dither_max_growth=0.5)@ring", "dither_max_growth must be a number >= 1"),
+    ("dynamiq(dither_max_growth=x)@ring", "dither_max_growth must be a number"),
 ])
 def test_bad_parameters_raise_value_error(spec, match):
     with pytest.raises(ValueError, match=match):
@@ -194,3 +196,43 @@ def test_bits_floor_is_the_cheapest_width_plus_metadata():
     DynamiQ(widths=4, bits=4.5625, group_size=16)  # groups of 16: 8/16 for the scales
     with pytest.raises(ValueError):
         DynamiQ(widths=4, bits=4.56, group_size=16)
+
+
+# ---- dithered widths on long chains --------------------------------------------------------
+def test_dither_growth_follows_the_model_and_shrinks_with_width():
+    c = DynamiQ()
+    growth = {o.width: dither_growth(o.quantizer) for o in c.options if o.quantizer is not None}
+    assert growth[2] == growth[3] == 1.0  # not dithered (below dither_min_width)
+    assert growth[4] == pytest.approx(1.009, abs=5e-4)  # docs/method.rst
+    assert growth[4] > growth[5] > growth[6] > growth[7] > growth[8] > 1.0
+
+
+def test_dither_floor_rises_where_the_growth_passes_the_bound():
+    c = DynamiQ()
+    g = {o.width: dither_growth(o.quantizer) for o in c.options if o.quantizer is not None}
+    for depth in (1, 7, 63, 511, 534, 535, 1023, 2448, 2449, 4095, 10517, 10518):
+        # the narrowest width whose growth, and every wider one's, stays within the bound
+        want = min(w for w in range(4, 17)
+                   if all(g[v] ** depth <= c.dither_max_growth for v in g if v >= w))
+        assert dither_floor(c, depth) == want, depth
+    assert dither_floor(c, 63) == 4 and dither_floor(c, 1023) == 5
+    assert dither_floor(DynamiQ(dither_max_growth=1e300), 10**4) == 4
+    assert dither_floor(c, 10**9) == 9  # above every width: none dithered (and no overflow)
+    assert dither_floor(DynamiQ(dither_min_width=6), 7) == 6
+
+
+def test_prepare_records_the_dither_floor_of_the_schedule():
+    import torch
+
+    from dynamiq.codecs.dynamiq.hops import ring_profile
+
+    c = DynamiQ()
+    m = 64
+    stats = {"csumsq8": torch.rand(m, dtype=torch.float64),
+             "sum8": torch.zeros(m, dtype=torch.float64)}
+    for n, want in ((8, 4), (1024, 5), (4096, 6)):
+        plan = c.prepare(stats, m * SG, n, {}, hop_profile=ring_profile(n))
+        assert plan.dither_from == want
+        assert all(h.dither_from == want for h in (plan.hops or {}).values())
+        q = c.quantizer_for(next(i for i, o in enumerate(c.options) if o.width == 4), plan)
+        assert q.dither == (want <= 4)
