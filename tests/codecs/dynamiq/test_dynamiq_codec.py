@@ -335,18 +335,22 @@ def test_widths_do_not_depend_on_the_previous_call():
 # per-test limit, meant for hangs, on a loaded 2-core machine)
 @pytest.mark.timeout(3600)
 def test_dithering_stays_stable_along_a_64_rank_ring():
-    """Dithered widths below ``dither_min_width`` amplify their own noise hop after hop (the
-    dither scales with each group's maximum, which the previous hops' noise raises): with every
-    width dithered a 64-rank ring diverges; the default (widths 4 and up) beats plain
-    stochastic rounding."""
+    """Dithered widths amplify their own noise hop after hop (the dither scales with each
+    group's maximum, which the previous hops' noise raises): with every width dithered a
+    64-rank ring diverges; the default (widths 4 and up) beats plain stochastic rounding, and
+    so does asking for every width when the long-chain rule (``dither_max_growth``) keeps the
+    ones whose growth over 63 hops is too large (width 2) undithered."""
     from dynamiq.bench.workloads import get_workload
 
     x = get_workload("lognormal(d=16384)").gradients(64)[0].grads
     default = simulate("center+dynamiq@ring", x, track_hops=False).vnmse
     plain = simulate("center+dynamiq(dither=false)@ring", x, track_hops=False).vnmse
-    every = simulate("center+dynamiq(dither_min_width=2)@ring", x, track_hops=False).vnmse
+    every = simulate("center+dynamiq(dither_min_width=2,dither_max_growth=1e300)@ring", x,
+                     track_hops=False).vnmse
+    ruled = simulate("center+dynamiq(dither_min_width=2)@ring", x, track_hops=False).vnmse
     assert default < plain < 0.1, (default, plain)
     assert every > 10 * plain, every
+    assert ruled < plain, (ruled, plain)
 
 
 def test_path_correlated_rounding_lowers_a_rings_error_at_a_measured_bias():

@@ -81,10 +81,22 @@ def test_per_hop_must_be_a_bool():
 
 
 def test_one_option_or_per_hop_false_use_one_plan():
+    import torch
+
+    from dynamiq.codecs.dynamiq.hops import ring_profile
+
     assert DynamiQ(target=1e-3).wants_hop_profile
-    assert not DynamiQ(widths=4, group_size=32).wants_hop_profile
-    assert not DynamiQ(per_hop=False).wants_hop_profile
     assert DynamiQ().wants_hop_profile
+    # without dithering the profile is read only for per-hop plans; with it, for the length
+    # of the chains (which widths stay dithered), but a single plan still serves every hop
+    assert not DynamiQ(widths=4, group_size=32, dither=False).wants_hop_profile
+    assert not DynamiQ(per_hop=False, dither=False).wants_hop_profile
+    m = 64
+    stats = {"csumsq8": torch.rand(m, dtype=torch.float64),
+             "sum8": torch.zeros(m, dtype=torch.float64)}
+    for c in (DynamiQ(widths=4, group_size=32), DynamiQ(per_hop=False)):
+        assert c.wants_hop_profile
+        assert c.prepare(stats, m * SG, 8, {}, hop_profile=ring_profile(8)).hops is None
 
 
 def test_a_target_budget_predicts_the_per_hop_plans():
