@@ -70,6 +70,19 @@ def test_variants_match_the_simulator(spec) -> None:
               simulate_batched(spec, x, call=call, state=state_b))
 
 
+def test_numbas_keyed_kernels_give_the_same_bits(monkeypatch) -> None:
+    """The batches above code few runs of shared keys, which Numba codes run by run; a large
+    simulation takes the keyed kernels, forced here (on three widths, to keep a cold run's
+    compilation short)."""
+    import dynamiq.kernels.numba as nbk
+
+    spec = "center+dynamiq(widths=(2,4,8),group_size=32)@ring"
+    x = _inputs(16, 4096, seed=2)
+    want = simulate(spec, x, call=1, track_hops=False)
+    monkeypatch.setattr(nbk, "KEYED_MIN_RUNS", 0)
+    _same(want, simulate_batched(spec, x, call=1))
+
+
 def test_inplace_uses_the_inputs_and_avg_divides() -> None:
     x = _inputs(4, 2048)
     want = simulate("dynamiq", x, op="avg", track_hops=False)

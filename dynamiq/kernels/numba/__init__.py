@@ -31,6 +31,13 @@ def _mod(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
+#: Below this world size and up to this many runs of shared keys
+#: (:meth:`~dynamiq.kernels.BlockKeys.runs`), ``block_roundtrip`` codes each run with the
+#: per-call kernels instead of the keyed ones.
+KEYED_MIN_WORLD = 64
+KEYED_MIN_RUNS = 32
+
+
 class NumbaBackend(Backend):
     """Numba kernels on CPU tensors (every tensor argument contiguous and on the CPU)."""
 
@@ -52,7 +59,14 @@ class NumbaBackend(Backend):
         _mod("blocks").block_decode(code, data, out, rand, accumulate, rows, n)
 
     def block_roundtrip(self, code, x, keys, rows):
-        _mod("blocks").block_roundtrip(code, x, keys, rows)
+        # the keyed kernels cost a compilation per format on first use: worth it for a large
+        # world (whose simulation calls them thousands of times) or a call of many runs, not
+        # for a few runs of a small world, which the per-call kernels code as fast
+        runs = len(keys.runs(code.spec.block)) - 1
+        if keys.world < KEYED_MIN_WORLD and runs <= KEYED_MIN_RUNS:
+            super().block_roundtrip(code, x, keys, rows)
+        else:
+            _mod("blocks").block_roundtrip(code, x, keys, rows)
 
     def block_recompress(self, code, data, acc, rand, irand, writeback, out, rows=None,
                          n=None):
