@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from dynamiq.registry import Registry
 from dynamiq.spec import build, format_call, register_spec_type
 from dynamiq.topologies.arrays import (
@@ -16,7 +18,8 @@ from dynamiq.topologies.arrays import (
 from dynamiq.topologies.schedule import Schedule, Transfer
 from dynamiq.topologies.validate import validate_schedule
 
-__all__ = ["TOPOLOGIES", "Topology", "get_topology", "one_chunk_per_rank"]
+__all__ = ["TOPOLOGIES", "Topology", "get_topology", "one_chunk_per_rank",
+           "one_chunk_per_rank_chunking"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +142,9 @@ def one_chunk_per_rank(
         transfers=tuple(sorted(transfers, key=Transfer.sort_key)),
         name=name,
     )
+
+
+def one_chunk_per_rank_chunking(n: int) -> Chunking:
+    """The :class:`~dynamiq.topologies.arrays.Chunking` of :func:`one_chunk_per_rank`: ``n``
+    equal chunks, chunk ``c`` owned by rank ``c``."""
+    return Chunking(np.arange(n, dtype=np.int64), (1.0 / n,) * n)

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dynamiq.topologies.arrays import Chunking, StepArrays
-from dynamiq.topologies.base import TOPOLOGIES, Topology, one_chunk_per_rank
+from dynamiq.topologies.base import (
+    TOPOLOGIES,
+    Topology,
+    one_chunk_per_rank,
+    one_chunk_per_rank_chunking,
+)
 from dynamiq.topologies.schedule import Schedule, Transfer
 
 __all__ = ["Butterfly"]
@@ -67,7 +72,7 @@ class Butterfly(Topology):
     def chunking(self, world_size: int) -> Chunking:
         """See :meth:`Topology.chunking`: chunk ``c`` owned by rank ``c``, equal weights."""
         self.check_world_size(world_size)
-        return Chunking(np.arange(world_size, dtype=np.int64), (1.0 / world_size,) * world_size)
+        return one_chunk_per_rank_chunking(world_size)
 
     def step_arrays(self, world_size: int) -> Iterator[StepArrays]:
         """See :meth:`Topology.step_arrays` (the closed form of :meth:`_build`)."""

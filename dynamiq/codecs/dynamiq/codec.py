@@ -36,6 +36,7 @@ from dynamiq.codecs.dynamiq.options import (
     dither_floor,
     normalise_group_sizes,
     normalise_widths,
+    spec_number,
 )
 from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
@@ -183,12 +184,7 @@ class DynamiQ(PartialSumCodec):
         object.__setattr__(self, "bits", float(self.bits))
         check_settings(self)
         object.__setattr__(self, "target", check_target(self.target))
-        mb = self.max_bits
-        if isinstance(mb, str):  # from a spec string
-            try:
-                mb = float(mb)
-            except ValueError:
-                raise ValueError(f"max_bits must be a number, got {mb!r}") from None
+        mb = spec_number("max_bits", self.max_bits)
         if mb is not None:
             if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not (
                     math.isfinite(mb) and mb > 0):

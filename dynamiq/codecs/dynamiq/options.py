@@ -36,6 +36,7 @@ __all__ = [
     "dither_growth",
     "normalise_group_sizes",
     "normalise_widths",
+    "spec_number",
 ]
 
 #: Widths the codec offers; 16 is BF16. Width 1 (a sign bit only) is not offered: an unbiased
@@ -145,6 +146,20 @@ def _element_rounding(codec: DynamiQ) -> str:
     return "correlated" if codec.rounding == "path" else codec.rounding
 
 
+def spec_number(name: str, value: object) -> object:
+    """``value`` as a float when it is text (a spec string's), else unchanged.
+
+    Raises:
+        ValueError: text that is not a number.
+    """
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
 def check_settings(codec: DynamiQ) -> None:
     """Check ``codec``'s text settings against :data:`CHOICES`, its ``seed`` and dithering.
 
@@ -162,12 +177,7 @@ def check_settings(codec: DynamiQ) -> None:
     m = codec.dither_min_width
     if isinstance(m, bool) or not isinstance(m, int) or not 2 <= m <= 16:
         raise ValueError(f"dither_min_width must be an int in [2, 16], got {m!r}")
-    g = codec.dither_max_growth
-    if isinstance(g, str):  # from a spec string
-        try:
-            g = float(g)
-        except ValueError:
-            raise ValueError(f"dither_max_growth must be a number, got {g!r}") from None
+    g = spec_number("dither_max_growth", codec.dither_max_growth)
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not g >= 1.0:
         raise ValueError(f"dither_max_growth must be a number >= 1, got {g!r}")
     object.__setattr__(codec, "dither_max_growth", float(g))
