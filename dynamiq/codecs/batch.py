@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,17 @@ import torch
 
 from dynamiq.codecs.base import HopContext
 
-__all__ = ["HopBatch", "split_unaligned"]
+__all__ = ["HopBatch", "ragged_arange", "split_unaligned"]
+
+
+def ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """int64 ``[sum(counts)]``: ``starts[i], starts[i] + 1, … starts[i] + counts[i] − 1`` for
+    every ``i`` in turn (the indices of ragged runs laid end to end)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    before = np.zeros_like(counts)
+    np.cumsum(counts[:-1], out=before[1:])
+    return (np.repeat(np.asarray(starts, dtype=np.int64) - before, counts)
+            + np.arange(int(counts.sum()), dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -67,15 +78,12 @@ class HopBatch:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    @property
+    @cached_property
     def starts(self) -> np.ndarray:
         """int64 ``[k]``: where each row's values start in the flat buffer."""
-        cache = self.__dict__.get("_starts")
-        if cache is None:
-            cache = np.zeros(len(self), dtype=np.int64)
-            np.cumsum(self.sizes[:-1], out=cache[1:])
-            object.__setattr__(self, "_starts", cache)
-        return cache
+        out = np.zeros(len(self), dtype=np.int64)
+        np.cumsum(self.sizes[:-1], out=out[1:])
+        return out
 
     @property
     def total(self) -> int:
@@ -94,11 +102,7 @@ class HopBatch:
         sub = HopBatch(cols, self.ranks[sel], self.offsets[sel], self.sizes[sel],
                        self.summands[sel], self.world_size, self.stats, self.prepared,
                        self.backend)
-        cnt = self.sizes[sel]
-        before = np.zeros_like(cnt)
-        np.cumsum(cnt[:-1], out=before[1:])
-        idx = np.repeat(self.starts[sel] - before, cnt) + np.arange(int(cnt.sum()))
-        return sub, torch.from_numpy(idx.astype(np.int64))
+        return sub, torch.from_numpy(ragged_arange(self.starts[sel], self.sizes[sel]))
 
     def context(self, i: int) -> HopContext:
         """Row ``i`` as the :class:`~dynamiq.codecs.HopContext` a per-message executor gives

@@ -55,7 +55,7 @@ from dynamiq.codecs.base import (
     hop_kernels,
     message_buffer,
 )
-from dynamiq.codecs.batch import split_unaligned
+from dynamiq.codecs.batch import ragged_arange, split_unaligned
 from dynamiq.formats import FORMATS, FloatFormat, NumberFormat
 from dynamiq.kernels import FormatTables, SharedScaleCode, backend_for
 from dynamiq.spec import format_call
@@ -338,9 +338,7 @@ class SharedScale(DecodeHops, PartialSumCodec):
                                 lambda v, sub: PartialSumCodec.roundtrip_batch(self, v, sub))
         if split is not None:
             return split
-        per_row = batch.sizes // b
-        first = np.repeat(batch.offsets // b - np.cumsum(per_row) + per_row, per_row)
-        blocks = first + np.arange(int(per_row.sum()), dtype=np.int64)
+        blocks = ragged_arange(batch.offsets // b, batch.sizes // b)
         plan = self.plan_in(batch.context(0)) if len(batch) else None
         if plan is None:
             scales = torch.ones(blocks.size, dtype=torch.float32, device=values.device)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynamiq.codecs.batch import HopBatch
+from dynamiq.codecs.batch import HopBatch, ragged_arange
 from dynamiq.collectives.engine import (
     apply_transforms,
     center_and_prepare,
@@ -164,12 +164,7 @@ def _flat_index(ranks: np.ndarray, chunks: np.ndarray, lo: np.ndarray, size: np.
                 length: int) -> torch.Tensor:
     """int64 indices into the flattened ``[ranks, length]`` accumulators of the coordinates of
     ``chunks[i]`` on ``ranks[i]``, row after row."""
-    cnt = size[chunks]
-    first = ranks * length + lo[chunks]
-    before = np.zeros_like(cnt)
-    np.cumsum(cnt[:-1], out=before[1:])
-    idx = np.repeat(first - before, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
-    return torch.from_numpy(idx)
+    return torch.from_numpy(ragged_arange(ranks * length + lo[chunks], size[chunks]))
 
 
 #: Coordinates a step moves at once, about: a step with more (a butterfly's first steps move half

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dynamiq.codecs.base import PartialSumCodec
-from dynamiq.codecs.batch import HopBatch, split_unaligned
+from dynamiq.codecs.batch import HopBatch, ragged_arange, split_unaligned
 from dynamiq.codecs.dynamiq.segments import _BF16, _on
 from dynamiq.kernels import Backend, backend_for
 from dynamiq.metadata import SUPER_GROUP
@@ -56,10 +56,8 @@ def roundtrip_batch(codec: DynamiQ, values: torch.Tensor, batch: HopBatch) -> np
         plan = full.for_summands(int(s))
         per_row = batch.sizes[sel] // SUPER_GROUP
         row_of = np.repeat(sel, per_row)
-        first = np.repeat(batch.offsets[sel] // SUPER_GROUP - np.cumsum(per_row) + per_row,
-                          per_row) + np.arange(int(per_row.sum()), dtype=np.int64)
-        flat = np.repeat(batch.starts[sel] // SUPER_GROUP - np.cumsum(per_row) + per_row,
-                         per_row) + np.arange(int(per_row.sum()), dtype=np.int64)
+        first = ragged_arange(batch.offsets[sel] // SUPER_GROUP, per_row)
+        flat = ragged_arange(batch.starts[sel] // SUPER_GROUP, per_row)
         choice = plan.choice[first]
         nbytes += np.bincount(row_of, weights=option_bytes[choice],
                               minlength=len(batch)).astype(np.int64)
