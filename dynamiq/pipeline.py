@@ -175,12 +175,15 @@ PIPELINES.register(
 )
 
 # DynamiQ: the default takes the choices measured best at equal bits (widths 2-8, error model
-# measured per width, tuned ε, groups of 32, dithered decoding, 8-bit metadata); "dynamiq-paper"
+# measured per width, tuned mid-rise ε-levels, groups of 32 or 64, power-of-two super-group
+# scales, dithered decoding, 8-bit metadata, widths per hop); "dynamiq-paper"
 # keeps the paper's exact choices (widths {2, 4, 8}, 4^-w error model, ε from the authors'
-# range, groups of 16, BF16 metadata, no dithering, one width plan for every hop).
+# range, levels with a zero, groups of 16, BF16 super-group scales, stochastically rounded
+# group scales, BF16 metadata, no dithering, one width plan for every hop).
 # Both centre through the metadata phase and spend 5 bits/coordinate.
 _PAPER = DynamiQ(widths=(2, 4, 8), allocator="paper", eps=(0.25, 0.19, 0.09), group_size=16,
-                 dither=False, metadata="bf16", per_hop=False)
+                 dither=False, metadata="bf16", per_hop=False, midrise=False,
+                 super_scale="bf16", scale_rounding="stochastic")
 _CENTER_BF16 = Center(statistic="sum")
 PIPELINES.register("dynamiq", Pipeline(DynamiQ(), "ring", transforms=(Center(),)))
 PIPELINES.register("dynamiq-butterfly", Pipeline(DynamiQ(), "butterfly", transforms=(Center(),)))

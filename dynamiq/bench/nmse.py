@@ -53,30 +53,39 @@ DEFAULT_METHODS = ("dynamiq", "dynamiq-paper", "bf16", "mxfp8", "mxfp6", "mxfp4"
 #: path are uncorrelated martingale steps): that step is expected to be neutral there and to help
 #: only on trees with several nodes per height holding similar values.
 _PAPER_META = "dither=false,metadata=bf16,per_hop=false"
+#: The paper's coding of the levels and scales, kept until the ablation's last steps change it.
+_PAPER_CODE = "midrise=false,super_scale=bf16,scale_rounding=stochastic"
+_FLAT = "scales=flat,rounding=stochastic,group_size=16,midrise=false"
+_DITHER4 = f"{_PAPER_CODE},dither_min_width=4"
 ABLATION: tuple[tuple[str, str], ...] = (
-    ("uniform levels",
-     "dynamiq(widths=4,levels=uniform,scales=flat,rounding=stochastic,group_size=16,"
-     "dither=false)"),
-    ("ε-levels", "dynamiq(widths=4,scales=flat,rounding=stochastic,group_size=16,dither=false)"),
+    ("uniform levels", f"dynamiq(widths=4,levels=uniform,{_FLAT},dither=false)"),
+    ("ε-levels", f"dynamiq(widths=4,{_FLAT},dither=false)"),
     ("+ variable widths (+ centering)",
-     f"center(statistic=sum)+dynamiq(scales=flat,rounding=stochastic,group_size=16,"
-     f"{_PAPER_META})"),
+     f"center(statistic=sum)+dynamiq({_FLAT},{_PAPER_META})"),
     ("+ hierarchical scales",
-     f"center(statistic=sum)+dynamiq(rounding=stochastic,group_size=16,{_PAPER_META})"),
-    ("+ correlated rounding", f"center(statistic=sum)+dynamiq(group_size=16,{_PAPER_META})"),
-    ("+ groups of 32", f"center(statistic=sum)+dynamiq(group_size=32,{_PAPER_META})"),
+     f"center(statistic=sum)+dynamiq(rounding=stochastic,group_size=16,{_PAPER_META},"
+     f"{_PAPER_CODE})"),
+    ("+ correlated rounding",
+     f"center(statistic=sum)+dynamiq(group_size=16,{_PAPER_META},{_PAPER_CODE})"),
+    ("+ groups of 32",
+     f"center(statistic=sum)+dynamiq(group_size=32,{_PAPER_META},{_PAPER_CODE})"),
     ("+ dithered decoding",
-     "center(statistic=sum)+dynamiq(group_size=32,metadata=bf16,per_hop=false)"),
-    ("+ 8-bit metadata", "center+dynamiq(group_size=32,per_hop=false)"),
-    ("+ groups of 32 or 64", "center+dynamiq(per_hop=false)"),
-    ("+ widths per hop (default)", "center+dynamiq"),
+     f"center(statistic=sum)+dynamiq(group_size=32,metadata=bf16,per_hop=false,{_DITHER4})"),
+    ("+ 8-bit metadata", f"center+dynamiq(group_size=32,per_hop=false,{_DITHER4})"),
+    ("+ groups of 32 or 64", f"center+dynamiq(per_hop=false,{_DITHER4})"),
+    ("+ widths per hop", f"center+dynamiq({_DITHER4})"),
+    ("+ mid-rise levels",
+     "center+dynamiq(super_scale=bf16,scale_rounding=stochastic,dither_min_width=4)"),
+    ("+ power-of-two super scales, scales rounded up", "center+dynamiq(dither_min_width=4)"),
+    ("+ width 3 dithered (default)", "center+dynamiq"),
 )
 
 #: Variants shown beside the ablation, not steps of it: the paper's path-correlated rounding
 #: (biased; its bias shows with ``--bias``) in place of the default's per-height correlation.
 ABLATION_SIDE: tuple[tuple[str, str], ...] = (
     ("(side) path-correlated rounding",
-     f"center(statistic=sum)+dynamiq(group_size=16,rounding=path,{_PAPER_META})"),
+     f"center(statistic=sum)+dynamiq(group_size=16,rounding=path,{_PAPER_META},"
+     f"{_PAPER_CODE})"),
 )
 
 #: MXFP8's bits per coordinate (E4M3 elements under an E8M0 scale per 32).

@@ -37,6 +37,17 @@ class NumberFormat:
         raise NotImplementedError
 
     @property
+    def midrise(self) -> bool:
+        """Whether the signed grid has no zero level (a *mid-rise* grid).
+
+        The magnitudes then all exceed zero, so the ``2**bits`` codes are ``2**bits`` distinct
+        values, and a value between ``-min_value`` and ``min_value`` rounds to one of the two
+        (stochastic rounding crosses zero; the block kernels implement it). Formats with a
+        zero level spend two codes on ``±0``. False unless a subclass says otherwise.
+        """
+        return False
+
+    @property
     def kind(self) -> str:
         """How kernels treat the format: ``"table"`` (all formats but FP32) or ``"fp32"``."""
         return "table"

@@ -183,6 +183,8 @@ class KernelSpec(NamedTuple):
     efam: int = 0  # element search (dynamiq.kernels.tables.element_family)
     emant: int = 0  # FAMILY_FLOAT: mantissa bits
     ebias: int = 0  # FAMILY_FLOAT: exponent bias
+    midrise: bool = False  # element grid without zero: rounding below the first level crosses
+    # zero, and negative values round (and dithered codes decode) with the reflected uniform
 
     def tag(self) -> str:
         """Readable, unique name of the variant."""
@@ -190,7 +192,7 @@ class KernelSpec(NamedTuple):
             f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
             f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
             f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}_p{self.ssearch}"
-            f"_e{self.efam}x{self.emant}x{self.ebias}"
+            f"_e{self.efam}x{self.emant}x{self.ebias}{'z' if self.midrise else ''}"
         )
 
 

@@ -83,7 +83,8 @@ def element_family(mags: np.ndarray, mbits: int) -> tuple[int, int, int]:
     * ``FAMILY_TABLE``: anything else, searched through the bucket lookup.
 
     Args:
-        mags: Ascending finite float32 magnitudes (``mags[0] == 0``).
+        mags: Ascending finite float32 magnitudes (``mags[0] == 0`` but for a mid-rise grid,
+            which takes a compare or lookup search).
         mbits: Magnitude bits of the codes.
     """
     mags = np.asarray(mags, dtype=np.float64)

@@ -155,10 +155,15 @@ class BlockQuantizer:
         if not self.dither:
             return 0.0
         mags = np.asarray(self.element.magnitudes(), dtype=np.float64)
+        gaps = np.diff(mags)
+        if self.element.midrise:
+            # magnitudes below the first level round across zero, a gap of twice that level
+            gaps = np.concatenate([[2.0 * mags[0]], gaps])
+            mags = np.concatenate([[0.0], mags])
         top = mags[-1]
         cdf = np.array([math.erf(2.0 * m / top / math.sqrt(2.0)) for m in mags])
         mass = np.diff(cdf)
-        kap = float((np.diff(mags) * mass).sum() / mass.sum())
+        kap = float((gaps * mass).sum() / mass.sum())
         e = math.floor(math.log2(kap))
         return float(np.float32(round(kap * 2.0 ** (11 - e)) * 2.0 ** (e - 11)))
 
@@ -185,7 +190,7 @@ class BlockQuantizer:
             hier=self.super_group_size is not None, skind=sc.kind, sbytes=sc.nbytes,
             smode=int(SCALE_ROUNDING[self.scale_rounding]), ukind=u.kind, ubytes=u.nbytes,
             dither=self.dither, ssearch=0 if sc.lut.size > 1 else sc.logp, efam=efam,
-            emant=emant, ebias=ebias,
+            emant=emant, ebias=ebias, midrise=self.element.midrise,
         )
         return BlockCode(spec, e, sc, u, self._scale_divisor,
                          np.float32(self.dither_amplitude))
@@ -485,9 +490,13 @@ class BlockQuantizer:
         return self.decode(self.encode(x, **kw), **keys)  # type: ignore[arg-type]
 
     def level_gap(self) -> float:
-        """Largest gap between neighbouring element magnitudes, relative to ``max_value``."""
+        """Largest gap between neighbouring element values, relative to ``max_value`` (a
+        mid-rise grid's gap across zero, twice its first level, included)."""
         m = self.element.magnitudes()
-        return float(np.diff(m).max() / m[-1])
+        gaps = np.diff(m)
+        if self.element.midrise:
+            gaps = np.concatenate([[2.0 * m[0]], gaps])
+        return float(gaps.max() / m[-1])
 
     def describe(self) -> str:
         """One-line summary."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dynamiq.formats import DEFAULT_EPSILON, EpsilonFormat
 from dynamiq.quantizers.block import BlockQuantizer
 from dynamiq.registry import Registry
 
@@ -36,13 +37,14 @@ for _b in (2, 4, 8):
         BlockQuantizer(f"dq{_b}", group_size=16, scale="u8rel", rounding="stochastic",
                        scale_rounding="stochastic", super_group_size=256, super_scale="bf16"),
     )
-# the DynamiQ codec's default coding of one width: groups of 32, power-of-two super-group
-# scales, correlated rounding decoded with subtractive dithering
+# the DynamiQ codec's default coding of one width: mid-rise ε-levels, groups of 32 under
+# group scales rounded up and power-of-two super-group scales, correlated rounding decoded with
+# subtractive dithering
 QUANTIZERS.register(
     "dq4_dither",
-    BlockQuantizer("dq4", group_size=32, scale="u8rel", rounding="correlated",
-                   scale_rounding="stochastic", super_group_size=256, super_scale="e8m0",
-                   dither=True),
+    BlockQuantizer(EpsilonFormat(4, DEFAULT_EPSILON[4], midrise=True), group_size=32,
+                   scale="u8rel", rounding="correlated", scale_rounding="up",
+                   super_group_size=256, super_scale="e8m0", dither=True),
 )
 
 

@@ -23,9 +23,10 @@ def check_quantizer_config(q: Any) -> None:
     """Raise ``ValueError`` / ``TypeError`` naming the first invalid field of the quantizer
     ``q`` (its formats already resolved)."""
     el, sc = q.element, q.scale
-    if el.kind != "table" or not el.signed or el.min_value != 0.0:
+    if el.kind != "table" or not el.signed or (el.min_value != 0.0) != el.midrise:
         raise ValueError(
-            f"element format {el} must be a signed table format that represents zero"
+            f"element format {el} must be a signed table format that represents zero, or a "
+            "mid-rise one (midrise=True, no zero level)"
         )
     if not is_pow2(q.group_size):
         raise ValueError(f"group_size must be a power of two, got {q.group_size!r}")

@@ -277,10 +277,11 @@ def test_codec_options_are_the_ones_modelled_here():
     """The constants above are the options of ``dynamiq(widths=(2,4,8),eps=(0.25,0.19,0.09))`` and
     of ``dynamiq(widths=(2,4,8),allocator=paper)`` in groups of 16 (the paper's configuration):
     the counterexamples apply to the codec."""
+    paper = {"midrise": False, "super_scale": "bf16", "scale_rounding": "stochastic"}
     for codec, want in ((DynamiQ(widths=(2, 4, 8), eps=(0.25, 0.19, 0.09), group_size=16,
-                                 dither=False, super_scale="bf16"), MEASURED),
-                        (DynamiQ(widths=(2, 4, 8), allocator="paper", group_size=16,
-                                 super_scale="bf16"), PAPER)):
+                                 dither=False, **paper), MEASURED),
+                        (DynamiQ(widths=(2, 4, 8), allocator="paper", group_size=16, **paper),
+                         PAPER)):
         got = codec.width_options
         assert [(o.width, o.cost) for o in got] == [(o.width, o.cost) for o in want]
         # the constants come from a parallel float64 sum, the codec's errors from exact sums

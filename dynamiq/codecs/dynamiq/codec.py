@@ -89,38 +89,47 @@ class DynamiQ(PartialSumCodec):
             steps from 256 to 32 bits per super-group. The paper uses 16; 32 halves the scales'
             cost, and the default ``(32, 64)`` lets the allocation trade scales for width
             (measured in docs/method.rst).
-        scale_rounding: How hierarchical group scales are rounded to UINT8: ``"stochastic"``
-            (the paper: unbiased scale, elements normalised by the exact group max) or
-            ``"up"`` (never below the group max, elements normalised by the rounded scale:
-            also unbiased, without the scale's multiplicative noise).
+        scale_rounding: How hierarchical group scales are rounded to UINT8: ``"up"`` (never
+            below the group max, elements normalised by the rounded scale: unbiased, without
+            multiplicative noise on the elements) or ``"stochastic"`` (the paper: an unbiased
+            scale, elements normalised by the exact group max, whose noise dominates the error
+            of wide widths in groups far below their super-group's maximum; see
+            docs/method.rst).
         dither: Subtractive dithering (``BlockQuantizer.dither``): every receiver regenerates
             the uniforms the sender rounded with and removes most of the rounding noise,
             still unbiased, at no cost on the wire (measured in docs/method.rst); ``False`` is
             plain stochastic (or correlated) rounding, the paper's.
+        midrise: Levels without a zero (a mid-rise grid,
+            :attr:`EpsilonFormat.midrise <dynamiq.formats.EpsilonFormat>`): the ``2^w``
+            codes of width ``w`` are ``2^w`` distinct values instead of ``2^w - 1`` (a grid
+            with a zero level spends two codes on ``±0``), so the levels' steps shrink by
+            ``(2^w - 2) / (2^w - 1)``; values near zero round across it, still unbiased and
+            dithered as any other. ``False``: the paper's levels, with a zero.
         dither_min_width: Narrowest dithered width; narrower ones round stochastically. The
             dither's noise is the same for every element of a group, proportional to the
             group's maximum, so along a chain of hops it feeds back through the next hop's
             maximum and grows by about ``1 + 6κ²/12`` per hop (1.5 at width 2, 1.05 at 3, 1.009
-            at 4): widths 2 and 3 are too coarse to dither along long chains, from 4 on the
-            growth is negligible (measurements in docs/method.rst).
+            at 4): width 2 is too coarse to dither along any chain; how long a chain each
+            wider width may run dithered is :attr:`dither_max_growth`'s rule (measurements in
+            docs/method.rst).
         dither_max_growth: Along a chain of ``D`` hops the dither's noise of a width grows by
             about ``dither_growth ** D`` (:func:`~dynamiq.codecs.dynamiq.options.dither_growth`:
-            1.0091 per hop at width 4, 1.0020 at 5, 1.0005 at 6); per call, a width whose
+            1.037 per hop at width 3, 1.008 at 4, 1.002 at 5); per call, a width whose
             growth over the schedule's longest chain exceeds this is rounded stochastically
             instead (:func:`~dynamiq.codecs.dynamiq.options.dither_floor`). The default keeps
-            width 4 dithered on rings of up to 534 ranks, width 5 up to 2449, width 6 up to
-            10,517 (every butterfly of up to 2^16 ranks keeps them all): on a ring of 1024 a
-            dithered width 4 diverges (docs/method.rst).
+            width 3 dithered on rings of up to 135 ranks, width 4 up to 614, width 5 up to
+            2618, width 6 up to 10,858 (butterflies keep more): on a ring of 1024 a dithered
+            width 4 diverges (docs/method.rst).
         metadata: Precision of the two statistics of the metadata phase: ``"fp8"`` (8 bits
             each, ``csumsq8``/``sum8``: 0.0625 bits/coordinate with a sum-of-squares for the
             allocation and a sum for centering, whose 1/16 relative precision costs nothing
             measurable) or ``"bf16"`` (16 bits each, the paper's 0.125). Pair it with
             ``center(statistic=sum8)`` resp. ``center``, so centering reuses the same sum.
-        super_scale: Format of the hierarchical super-group scale, rounded up: ``"bf16"``
-            (16 bits, the paper's) or ``"e8m0"`` (a power of two, 8 bits: it saves 1/32
-            bit/coordinate but halves the relative resolution of the UINT8 group scales below
-            it; it helped one real-gradient workload and hurt the other, so it is not the
-            default).
+        super_scale: Format of the hierarchical super-group scale, rounded up: ``"e8m0"`` (a
+            power of two, 8 bits) or ``"bf16"`` (16 bits, the paper's). A power of two saves
+            1/32 bit/coordinate but halves the relative resolution of the UINT8 group scales
+            below it, which costs little when those are rounded up (``scale_rounding``) and
+            much when they are rounded stochastically (docs/method.rst).
         target: Accuracy-targeted budget: per call, the smallest ``b̄`` (on a 1/64-bit grid)
             whose vNMSE, predicted from the metadata phase by
             :mod:`~dynamiq.codecs.dynamiq.target`'s model, stays below ``target``; a number in
@@ -155,12 +164,13 @@ class DynamiQ(PartialSumCodec):
     allocator: str = "measured"
     seed: int = 0
     group_size: tuple[int, ...] = (32, 64)
-    scale_rounding: str = "stochastic"
+    scale_rounding: str = "up"
     dither: bool = True
-    dither_min_width: int = 4
+    midrise: bool = True
+    dither_min_width: int = 3
     dither_max_growth: float = 128.0
     metadata: str = "fp8"
-    super_scale: str = "bf16"
+    super_scale: str = "e8m0"
     target: float | str | None = None
     max_bits: float | None = None
     per_hop: bool = True

@@ -165,7 +165,7 @@ def check_settings(codec: DynamiQ) -> None:
 
     Raises:
         ValueError: a value out of range.
-        TypeError: ``dither`` is not a bool.
+        TypeError: ``dither`` or ``midrise`` is not a bool.
     """
     for name, allowed in CHOICES.items():
         if getattr(codec, name) not in allowed:
@@ -174,6 +174,8 @@ def check_settings(codec: DynamiQ) -> None:
         raise ValueError(f"seed must be a non-negative int, got {codec.seed!r}")
     if not isinstance(codec.dither, bool):
         raise TypeError(f"dither must be a bool, got {codec.dither!r}")
+    if not isinstance(codec.midrise, bool):
+        raise TypeError(f"midrise must be a bool, got {codec.midrise!r}")
     m = codec.dither_min_width
     if isinstance(m, bool) or not isinstance(m, int) or not 2 <= m <= 16:
         raise ValueError(f"dither_min_width must be an int in [2, 16], got {m!r}")
@@ -214,7 +216,7 @@ class CodingOption:
 
 
 def _quantizer(codec: DynamiQ, width: int, eps: float, group_size: int) -> BlockQuantizer:
-    fmt = EpsilonFormat(width, eps)
+    fmt = EpsilonFormat(width, eps, midrise=codec.midrise)
     dither = codec.dither and width >= codec.dither_min_width
     rounding = _element_rounding(codec)
     if codec.scales == "hier":

@@ -77,6 +77,7 @@ SSEARCH = 0
 EFAM = 1
 EMANT = 3
 EBIAS = 7
+MIDRISE = False
 # --- end spec ---
 
 U = np.uint64
@@ -204,7 +205,7 @@ def decode_group(cb, base, gsize, s, dst, d0, edec, kap, ub):
     for k in range(gsize):
         j = base + U(k)
         u = ub[j] if DITHER else np.float32(0.0)
-        dst[d0 + j] = element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
+        dst[d0 + j] = element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE)
 
 
 @nb.njit(inline="always", cache=True)
@@ -213,7 +214,7 @@ def add_group(cb, base, gsize, s, dst, d0, edec, kap, ub):
     for k in range(gsize):
         j = base + U(k)
         u = ub[j] if DITHER else np.float32(0.0)
-        dst[d0 + j] += element_value(cb[j], edec, MBITS, s, DITHER, kap, u)
+        dst[d0 + j] += element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE)
 
 
 @nb.njit(inline="always", cache=True)
@@ -309,8 +310,13 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gb
 
 
 @nb.njit(inline="always", cache=True)
-def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y):
-    """``y[j] = (src[s0 + j] * gpre) * ginv`` of each element's group, or +0 unless kept."""
+def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y, dead):
+    """``y[j] = (src[s0 + j] * gpre) * ginv`` of each element's group, or ``dead`` unless kept.
+
+    ``dead`` is the element table's first level, which codes to 0 under every rounding: +0
+    for a table with a zero level, and for a mid-rise table the level itself (a +0 there could
+    round across zero to the code of the negative level).
+    """
     for g in range(ng):
         inv = ginv[g]
         pre = gpre[g]
@@ -318,7 +324,7 @@ def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y):
         base = U(g) * U(gsize)
         for k in range(gsize):
             v = (src[s0 + base + U(k)] * pre) * inv
-            y[base + U(k)] = v if keep != 0 else np.float32(0.0)
+            y[base + U(k)] = v if keep != 0 else dead
 
 
 @nb.njit(inline="always", cache=True)
@@ -334,7 +340,7 @@ def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
         if EMODE != NEAREST:
             u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + ju, pow2)
         cb[ju] = CODE_T(element_code(y[ju], u, etab, enfin, lut, lshift, lkey0, llen, MBITS,
-                                     EFAM, EMANT, EBIAS, EMODE))
+                                     EFAM, EMANT, EBIAS, EMODE, MIDRISE))
 
 
 @nb.njit(inline="always", cache=True)
@@ -345,7 +351,7 @@ def code_drawn(y, n, cb, tables, consts, ub):
     for j in range(n):
         ju = U(j)
         cb[ju] = CODE_T(element_code(y[ju], ub[ju], etab, enfin, lut, lshift, lkey0, llen,
-                                     MBITS, EFAM, EMANT, EBIAS, EMODE))
+                                     MBITS, EFAM, EMANT, EBIAS, EMODE, MIDRISE))
 
 
 @nb.njit(inline="always", cache=True)
@@ -378,7 +384,7 @@ def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w
     gmax, gbad, pv, pbad, ginv, gpre, gkeep, ub = w
     task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gbad, pv, pbad,
                 ginv, gpre, gkeep)
-    normalise(src, s0, cnt * GPB, consts[12], ginv, gpre, gkeep, y)
+    normalise(src, s0, cnt * GPB, consts[12], ginv, gpre, gkeep, y, tables[0][0])
     n = cnt * BLOCK
     code_elements(y, n, cb, tables, consts, rand, U(rand[8]) + b0 * U(BLOCK), ub)
     pack(cb, n, codes, b0 * U(CBYTES))

@@ -182,7 +182,7 @@ def float_bracket(a, mant, bias):
 
 @nb.njit(inline="always", cache=True)
 def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias,
-                 emode):
+                 emode, midrise=False):
     """Sign-magnitude code (uint32) of the normalised value ``y = (x * pre) * inv``.
 
     ``|y|`` equals ``|x * pre| * inv`` bit for bit (float32 products are sign-symmetric), so
@@ -193,7 +193,16 @@ def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, man
     the first three keep the element loop free of gathers. ``u`` is the element's uniform
     (:func:`draw_uniform`; unused when rounding to nearest), drawn by the caller in a loop of
     its own.
+
+    ``midrise`` (a literal): the table has no zero level. A negative ``y`` then rounds with
+    ``1 - u``, so that rounding up means towards +inf for every sign (what lets a dithered
+    decoder subtract the dither of a code whose sign the rounding flipped), and a magnitude
+    below the first level rounds between ``-etab[0]`` and ``etab[0]``: the magnitude code is
+    0 either way, and the sign flips when it rounds to the far side.
     """
+    sign = np.float32(y).view(np.uint32) >> np.uint32(31)
+    if midrise and emode != NEAREST:
+        u = np.float32(1.0) - u if sign != 0 else u
     a = abs(y)
     if family == 0:
         lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
@@ -219,12 +228,17 @@ def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, man
         else:
             up = u * (vhi - vlo) < a - vlo
         m = lo + np.uint32(up & (lo < top))
-    sign = np.float32(y).view(np.uint32) >> np.uint32(31)
+    if midrise and emode != NEAREST:
+        # below the first level every bracket above gives code 0 (never "up"); round across
+        # zero instead: the far side -etab[0] when u * 2 etab[0] >= a + etab[0]
+        t0 = etab[0]
+        cross = (a < t0) & (u * (t0 + t0) >= a + t0)
+        sign = sign ^ np.uint32(cross)
     return np.uint32(m) | (sign << np.uint32(mbits))
 
 
 @nb.njit(inline="always", cache=True)
-def element_value(c, edec, mbits, s, dither, kap, u):
+def element_value(c, edec, mbits, s, dither, kap, u, midrise=False):
     """Decoded value of element code ``c`` under group scale ``s``.
 
     With ``dither``, the magnitude is ``edec[mag] + kap * (u - 1/2)`` where ``u`` is the uniform
@@ -233,12 +247,18 @@ def element_value(c, edec, mbits, s, dither, kap, u):
     (error variance ``E[Δ²]/6 - kap E[Δ]/6 + kap²/12`` instead of ``E[Δ²]/6`` for the level
     gaps ``Δ``; ``kap = E[Δ]`` halves it for uniform levels).
 
+    ``midrise`` (a literal, :func:`element_code`): a negative code's dither uses ``1 - u``, so
+    the correction is ``kap * (u - 1/2)`` on the signed value, whichever way the sign went.
+
     A finite level times a finite scale saturates at ``±FLT_MAX`` instead of overflowing: the
     scale of a group near float32's top, rounded up, would otherwise turn its largest element
     into Inf. A NaN scale (a flagged group) stays NaN.
     """
     m = edec[np.uint32(c) & np.uint32((1 << mbits) - 1)]
     if dither:
+        if midrise:
+            neg = ((np.uint32(c) >> np.uint32(mbits)) & np.uint32(1)) != np.uint32(0)
+            u = np.float32(1.0) - u if neg else u
         m = m + kap * (u - np.float32(0.5))
     v = m * s
     v = FLT_MAX if v > FLT_MAX else v

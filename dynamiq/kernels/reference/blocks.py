@@ -126,12 +126,20 @@ def encode_with_scales(code: BlockCode, x: np.ndarray, rand: RandKeys
         a = (lifted * inv[:, None]).astype(_F).reshape(-1)
         eidx = rand.offset + np.arange(npad, dtype=np.int64)
         u = None
+        neg = np.signbit(xp)
         if emode != NEAREST:
             u = _uniforms(emode, rand, eidx)
-        m = round_table(np.where(np.isfinite(a), a, _F(0)), e.search, e.nfin,
-                        NEAREST if emode == NEAREST else STOCHASTIC, u)
+            if spec.midrise:
+                # rounding up means towards +inf for either sign (a dithered decoder relies on it)
+                u = np.where(neg, _F(1) - u, u).astype(_F)
+        af = np.where(np.isfinite(a), a, _F(0))
+        m = round_table(af, e.search, e.nfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
         m = np.where(np.isinf(a), e.nfin - 1, m)
-    codes = m | (np.signbit(xp).astype(np.int64) << spec.mbits)
+        if spec.midrise and emode != NEAREST:
+            # a mid-rise grid has no zero: below its first level the rounding crosses zero
+            t0 = _F(e.search[0])
+            neg = neg ^ ((af < t0) & ((u * (t0 + t0)).astype(_F) >= (af + t0).astype(_F)))
+    codes = m | (neg.astype(np.int64) << spec.mbits)
     dead = np.repeat(bad_g | bad_b, G)
     codes = np.where(dead, 0, codes)
     scode = np.where(bad_b, 0, np.where(bad_g, st.nan, scode))
@@ -158,6 +166,8 @@ def decode(code: BlockCode, buf: np.ndarray, n: int, rand: RandKeys) -> np.ndarr
     m = e.dec[codes & ((1 << mb) - 1)]
     if spec.dither:
         u = _uniforms(spec.emode, rand, rand.offset + np.arange(npad, dtype=np.int64))
+        if spec.midrise:
+            u = np.where((codes >> mb) & 1 == 1, _F(1) - u, u).astype(_F)
         m = (m + (_F(code.kappa) * (u - _F(0.5))).astype(_F)).astype(_F)
     with np.errstate(invalid="ignore", over="ignore"):
         v = (m * np.repeat(s, G)).astype(_F)

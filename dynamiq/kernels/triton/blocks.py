@@ -85,6 +85,7 @@ def _spec_kwargs(code: BlockCode, blocks_per_program: int | None,
         "HIER": bool(spec.hier), "SKIND": spec.skind, "SBYTES": spec.sbytes,
         "UKIND": spec.ukind, "UBYTES": spec.ubytes, "NB": geo["NB"], "E": geo["E"],
         "L": geo["L"], "DITHER": bool(spec.dither), "EMODE": spec.emode,
+        "MIDRISE": bool(spec.midrise),
     }
     return kw, spec.block, geo["NB"]
 

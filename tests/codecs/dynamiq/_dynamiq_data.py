@@ -45,9 +45,9 @@ def by_super_group(n: int, d: int, scales: dict[int, float], seed: int = 0) -> t
 
 def segment_bytes(codec: DynamiQ, choice: np.ndarray, n: int) -> int:
     """Independent size of a chunk's message: a quantized super-group costs, per group of
-    ``g`` coordinates it touches, ``g * w / 8`` code bytes and a UINT8 scale, plus its BF16
-    super-group scale (a partial super-group only pays for its groups); a BF16 super-group
-    costs 2 bytes per real coordinate."""
+    ``g`` coordinates it touches, ``g * w / 8`` code bytes and a UINT8 scale, plus its
+    super-group scale (1 byte for E8M0, 2 for BF16; a partial super-group only pays for its
+    groups); a BF16 super-group costs 2 bytes per real coordinate."""
     total = 0
     for j, w in enumerate(choice):
         coords = min(SG, n - j * SG)
@@ -56,5 +56,5 @@ def segment_bytes(codec: DynamiQ, choice: np.ndarray, n: int) -> int:
             total += 2 * coords
             continue
         g = q.group_size
-        total += -(-coords // g) * (g * q.element.bits // 8 + 1) + 2
+        total += -(-coords // g) * (g * q.element.bits // 8 + 1) + q.super_scale.bits // 8
     return total

@@ -67,8 +67,8 @@ def test_costs_are_the_options_wire_bits_per_super_group():
     codec = DynamiQ(widths=(2, 8, 16), group_size=(32, 64))
     opts = width_options(codec.options, "paper")
     assert [o.cost for o in opts] == [8.0 * o.nbytes(SG) for o in codec.options]
-    # width 2 in groups of 64: 64 code bytes, 4 UINT8 scales, a BF16 super-group scale
-    assert opts[0].cost == 8.0 * (64 + 4 + 2)
+    # width 2 in groups of 64: 64 code bytes, 4 UINT8 scales, an E8M0 super-group scale
+    assert opts[0].cost == 8.0 * (64 + 4 + 1)
     assert opts[-1].cost == 16.0 * SG
     with pytest.raises(ValueError, match="allocator"):
         width_options(codec.options, "exact")

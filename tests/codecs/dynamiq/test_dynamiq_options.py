@@ -151,10 +151,13 @@ def test_options_are_every_width_with_every_group_size_by_cost():
 
 def test_eps_of_each_option():
     assert [q.element for q in DynamiQ().quantizers] == [
-        EpsilonFormat(w, TUNED_EPSILON[w]) for w in (2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8)]
+        EpsilonFormat(w, TUNED_EPSILON[w], midrise=True)
+        for w in (2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8)]
     c = DynamiQ(widths=(3, 5), eps=(0.31, 0.11), group_size=32)
-    assert [q.element for q in c.quantizers] == [EpsilonFormat(3, 0.31), EpsilonFormat(5, 0.11)]
-    u = DynamiQ(widths=(3, 5), eps=(0.31, 0.11), levels="uniform", group_size=32)
+    assert [q.element for q in c.quantizers] == [EpsilonFormat(3, 0.31, midrise=True),
+                                                 EpsilonFormat(5, 0.11, midrise=True)]
+    u = DynamiQ(widths=(3, 5), eps=(0.31, 0.11), levels="uniform", group_size=32,
+                midrise=False)
     assert [q.element for q in u.quantizers] == [EpsilonFormat(3, 0.0), EpsilonFormat(5, 0.0)]
 
 
@@ -170,53 +173,61 @@ def test_one_epsilon_catalog():
 
 
 def test_bits_floor_is_the_cheapest_width_plus_metadata():
-    # width 2 with hierarchical scales in groups of 64 (the default offers 32 and 64): 2 + 8/64
-    # + 16/256 = 2.1875 bits, plus the metadata phase's two 8-bit statistics per super-group
-    # (16/256 = 0.0625) and their shift bytes (16 bits per vector, counted over 1024 groups)
-    floor = 2.1875 + 0.0625 + 16 / (1024 * SG)
+    # width 2 with hierarchical scales in groups of 64 (the default offers 32 and 64) under an
+    # E8M0 super-group scale: 2 + 8/64 + 8/256 = 2.15625 bits, plus the metadata phase's two
+    # 8-bit statistics per super-group (16/256 = 0.0625) and their shift bytes (16 bits per
+    # vector, counted over 1024 groups)
+    floor = 2.15625 + 0.0625 + 16 / (1024 * SG)
     DynamiQ(bits=floor + 1e-9)
     with pytest.raises(ValueError):
         DynamiQ(bits=floor - 1e-6)
-    # groups of 32 only: 2 + 8/32 + 16/256
-    DynamiQ(bits=2.3125 + 0.0625 + 16 / (1024 * SG) + 1e-9, group_size=32)
+    # groups of 32 only: 2 + 8/32 + 8/256
+    DynamiQ(bits=2.28125 + 0.0625 + 16 / (1024 * SG) + 1e-9, group_size=32)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.375, group_size=32)
-    # the paper's BF16 metadata: + 32/256 (and its shift bytes); a power-of-two super-group
-    # scale: − 8/256
-    DynamiQ(bits=2.4375 + 16 / (1024 * SG) + 1e-9, metadata="bf16", group_size=32)
+        DynamiQ(bits=2.34375, group_size=32)
+    # the paper's BF16 metadata: + 32/256 (and its shift bytes); a BF16 super-group scale:
+    # + 8/256
+    DynamiQ(bits=2.40625 + 16 / (1024 * SG) + 1e-9, metadata="bf16", group_size=32)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.4374, metadata="bf16", group_size=32)
-    DynamiQ(bits=2.40625 + 16 / (1024 * SG) + 1e-9, metadata="bf16", super_scale="e8m0",
+        DynamiQ(bits=2.4062, metadata="bf16", group_size=32)
+    DynamiQ(bits=2.4375 + 16 / (1024 * SG) + 1e-9, metadata="bf16", super_scale="bf16",
             group_size=32)
     with pytest.raises(ValueError):
-        DynamiQ(bits=2.4062, metadata="bf16", super_scale="e8m0", group_size=32)
-    DynamiQ(widths=4, bits=4.3125, group_size=32)  # one option: no allocation, no metadata
+        DynamiQ(bits=2.4374, metadata="bf16", super_scale="bf16", group_size=32)
+    DynamiQ(widths=4, bits=4.28125, group_size=32)  # one option: no allocation, no metadata
     with pytest.raises(ValueError):
-        DynamiQ(widths=4, bits=4.31, group_size=32)
-    DynamiQ(widths=4, bits=4.5625, group_size=16)  # groups of 16: 8/16 for the scales
+        DynamiQ(widths=4, bits=4.28, group_size=32)
+    DynamiQ(widths=4, bits=4.53125, group_size=16)  # groups of 16: 8/16 for the scales
     with pytest.raises(ValueError):
-        DynamiQ(widths=4, bits=4.56, group_size=16)
+        DynamiQ(widths=4, bits=4.53, group_size=16)
 
 
 # ---- dithered widths on long chains --------------------------------------------------------
 def test_dither_growth_follows_the_model_and_shrinks_with_width():
     c = DynamiQ()
     growth = {o.width: dither_growth(o.quantizer) for o in c.options if o.quantizer is not None}
-    assert growth[2] == growth[3] == 1.0  # not dithered (below dither_min_width)
-    assert growth[4] == pytest.approx(1.009, abs=5e-4)  # docs/method.rst
-    assert growth[4] > growth[5] > growth[6] > growth[7] > growth[8] > 1.0
+    assert growth[2] == 1.0  # not dithered (below dither_min_width)
+    assert growth[3] == pytest.approx(1.037, abs=5e-4)  # the codec's docstring
+    assert growth[4] == pytest.approx(1.008, abs=5e-4)
+    assert growth[3] > growth[4] > growth[5] > growth[6] > growth[7] > growth[8] > 1.0
+    # levels with a zero (the paper's): the first dithered width of the earlier default
+    old = DynamiQ(midrise=False, dither_min_width=4, super_scale="bf16",
+                  scale_rounding="stochastic")
+    g_old = {o.width: dither_growth(o.quantizer) for o in old.options if o.quantizer is not None}
+    assert g_old[4] == pytest.approx(1.009, abs=5e-4)
 
 
 def test_dither_floor_rises_where_the_growth_passes_the_bound():
     c = DynamiQ()
     g = {o.width: dither_growth(o.quantizer) for o in c.options if o.quantizer is not None}
-    for depth in (1, 7, 63, 511, 534, 535, 1023, 2448, 2449, 4095, 10517, 10518):
+    for depth in (1, 7, 63, 134, 135, 511, 613, 614, 1023, 2617, 2618, 4095, 10857, 10858):
         # the narrowest width whose growth, and every wider one's, stays within the bound
-        want = min(w for w in range(4, 17)
+        want = min(w for w in range(3, 17)
                    if all(g[v] ** depth <= c.dither_max_growth for v in g if v >= w))
         assert dither_floor(c, depth) == want, depth
-    assert dither_floor(c, 63) == 4 and dither_floor(c, 1023) == 5
-    assert dither_floor(DynamiQ(dither_max_growth=1e300), 10**4) == 4
+    assert dither_floor(c, 63) == 3 and dither_floor(c, 511) == 4
+    assert dither_floor(c, 1023) == 5
+    assert dither_floor(DynamiQ(dither_max_growth=1e300), 10**4) == 3
     assert dither_floor(c, 10**9) == 9  # above every width: none dithered (and no overflow)
     assert dither_floor(DynamiQ(dither_min_width=6), 7) == 6
 
@@ -230,7 +241,7 @@ def test_prepare_records_the_dither_floor_of_the_schedule():
     m = 64
     stats = {"csumsq8": torch.rand(m, dtype=torch.float64),
              "sum8": torch.zeros(m, dtype=torch.float64)}
-    for n, want in ((8, 4), (1024, 5), (4096, 6)):
+    for n, want in ((8, 3), (512, 4), (1024, 5), (4096, 6)):
         plan = c.prepare(stats, m * SG, n, {}, hop_profile=ring_profile(n))
         assert plan.dither_from == want
         assert all(h.dither_from == want for h in (plan.hops or {}).values())

@@ -158,12 +158,13 @@ def block_scales(t, grow, stab, sdec, utab, udec, iconst, fconst, q0, q1, offset
 
 @triton.jit
 def element_codes(t, inv, pre, keep, grow, etab, lut, iconst, k0, k1, p0, p1, rank, world,
-                  offset, GROUP: tl.constexpr, MBITS: tl.constexpr, EMODE: tl.constexpr):
+                  offset, GROUP: tl.constexpr, MBITS: tl.constexpr, EMODE: tl.constexpr,
+                  MIDRISE: tl.constexpr):
     """uint32 codes of the tile ``t`` ``[rows, GROUP]`` (0 in rows not kept)."""
     enfin, lshift, lkey0, llen = _elem_consts(iconst)
     gidx = offset + grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     c = element_code(t * pre[:, None], inv[:, None], etab, enfin, lut, lshift, lkey0, llen,
-                     MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx)
+                     MBITS, EMODE, k0, k1, p0, p1, rank, world, gidx, MIDRISE)
     return tl.where(keep[:, None], c, 0)
 
 
@@ -171,7 +172,7 @@ def element_codes(t, inv, pre, keep, grow, etab, lut, iconst, k0, k1, p0, p1, ra
 def decode_tile(c, scode, ucode, edec, sdec, udec, fconst, rand, grow, NB: tl.constexpr,
                 GPB: tl.constexpr, GROUP: tl.constexpr, MBITS: tl.constexpr, HIER: tl.constexpr,
                 SKIND: tl.constexpr, UKIND: tl.constexpr, EMODE: tl.constexpr,
-                DITHER: tl.constexpr):
+                DITHER: tl.constexpr, MIDRISE: tl.constexpr):
     """float32 values ``[rows, GROUP]`` of codes ``c`` (flat) under the stored scale codes.
 
     ``rand`` holds the encoder's keys and ``fconst[1]`` the dither amplitude: a ``DITHER``
@@ -189,7 +190,7 @@ def decode_tile(c, scode, ucode, edec, sdec, udec, fconst, rand, grow, NB: tl.co
         u = 0.0
         kap = 0.0
     return element_value(tl.reshape(c, (NB * GPB, GROUP)), edec, MBITS, s[:, None], DITHER,
-                         kap, u)
+                         kap, u, MIDRISE)
 
 
 @triton.jit
@@ -230,7 +231,8 @@ def encode_kernel(x, n, nblocks, codes, scales, supers, etab, lut, edec, stab, s
                   EMODE: tl.constexpr, GROUP: tl.constexpr, GPB: tl.constexpr,
                   HIER: tl.constexpr, SKIND: tl.constexpr, SBYTES: tl.constexpr,
                   SMODE: tl.constexpr, UKIND: tl.constexpr, UBYTES: tl.constexpr,
-                  NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr, DITHER: tl.constexpr):
+                  NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr, DITHER: tl.constexpr,
+                  MIDRISE: tl.constexpr):
     """Encode ``x`` (float32 ``[n]``) into the payload sections; numba ``encode``.
 
     ``codes`` / ``scales`` / ``supers`` are the uint8 sections of the payload buffer.
@@ -243,7 +245,7 @@ def encode_kernel(x, n, nblocks, codes, scales, supers, etab, lut, edec, stab, s
                                                 q0, q1, offset, NB, GPB, GROUP, HIER, SKIND,
                                                 SMODE, UKIND)
     c = element_codes(t, inv, pre, keep, grow, etab, lut, iconst, k0, k1, p0, p1, rank, world,
-                      offset, GROUP, MBITS, EMODE)
+                      offset, GROUP, MBITS, EMODE, MIDRISE)
     _store_tile(c, scode, ucode, codes, scales, supers, nblocks, b0, grow, blocks, bvalid, NB,
                 GPB, GROUP, BITS, E, L, HIER, SBYTES, UBYTES)
 
@@ -254,7 +256,7 @@ def decode_kernel(out, n, nblocks, codes, scales, supers, edec, sdec, udec, fcon
                   GPB: tl.constexpr, HIER: tl.constexpr, SKIND: tl.constexpr,
                   SBYTES: tl.constexpr, UKIND: tl.constexpr, UBYTES: tl.constexpr,
                   NB: tl.constexpr, E: tl.constexpr, L: tl.constexpr, EMODE: tl.constexpr,
-                  DITHER: tl.constexpr, ACCUMULATE: tl.constexpr):
+                  DITHER: tl.constexpr, ACCUMULATE: tl.constexpr, MIDRISE: tl.constexpr):
     """Decode the payload sections into ``out`` (float32 ``[n]``, ``+=`` when ``ACCUMULATE``).
 
     Equivalent to numba ``decode``; the accumulation is ``out + value`` in float32. ``rand``
@@ -264,7 +266,7 @@ def decode_kernel(out, n, nblocks, codes, scales, supers, edec, sdec, udec, fcon
     c, scode, ucode = _load_tile(codes, scales, supers, nblocks, b0, grow, blocks, bvalid, NB,
                                  GPB, GROUP, BITS, E, L, HIER, SBYTES, UBYTES)
     v = decode_tile(c, scode, ucode, edec, sdec, udec, fconst, rand, grow, NB, GPB, GROUP, MBITS,
-                    HIER, SKIND, UKIND, EMODE, DITHER)
+                    HIER, SKIND, UKIND, EMODE, DITHER, MIDRISE)
     eidx = grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     emask = eidx < n
     if ACCUMULATE:
@@ -280,7 +282,7 @@ def recompress_kernel(acc, n, nblocks, icodes, iscales, isupers, codes, scales, 
                       SKIND: tl.constexpr, SBYTES: tl.constexpr, SMODE: tl.constexpr,
                       UKIND: tl.constexpr, UBYTES: tl.constexpr, NB: tl.constexpr,
                       E: tl.constexpr, L: tl.constexpr, DITHER: tl.constexpr,
-                      WRITEBACK: tl.constexpr):
+                      WRITEBACK: tl.constexpr, MIDRISE: tl.constexpr):
     """Fused ``encode(acc + decode(incoming))``; numba ``recompress``.
 
     The incoming payload (``icodes/iscales/isupers``) is decoded, added to ``acc`` (``acc + u``
@@ -294,7 +296,7 @@ def recompress_kernel(acc, n, nblocks, icodes, iscales, isupers, codes, scales, 
     ic, isc, isu = _load_tile(icodes, iscales, isupers, nblocks, b0, grow, blocks, bvalid, NB,
                               GPB, GROUP, BITS, E, L, HIER, SBYTES, UBYTES)
     u = decode_tile(ic, isc, isu, edec, sdec, udec, fconst, irand, grow, NB, GPB, GROUP, MBITS,
-                    HIER, SKIND, UKIND, EMODE, DITHER)
+                    HIER, SKIND, UKIND, EMODE, DITHER, MIDRISE)
     eidx = grow[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     emask = eidx < n
     # the padding sums as zero whatever the incoming padding decodes to (dithered: not zero)
@@ -303,7 +305,7 @@ def recompress_kernel(acc, n, nblocks, icodes, iscales, isupers, codes, scales, 
                                                 q0, q1, offset, NB, GPB, GROUP, HIER, SKIND,
                                                 SMODE, UKIND)
     c = element_codes(t, inv, pre, keep, grow, etab, lut, iconst, k0, k1, p0, p1, rank, world,
-                      offset, GROUP, MBITS, EMODE)
+                      offset, GROUP, MBITS, EMODE, MIDRISE)
     _store_tile(c, scode, ucode, codes, scales, supers, nblocks, b0, grow, blocks, bvalid, NB,
                 GPB, GROUP, BITS, E, L, HIER, SBYTES, UBYTES)
     if WRITEBACK == 1:
@@ -311,5 +313,5 @@ def recompress_kernel(acc, n, nblocks, icodes, iscales, isupers, codes, scales, 
     elif WRITEBACK == 2:
         v = decode_tile(tl.reshape(c, (NB * GPB * GROUP,)), scode, ucode, edec, sdec, udec,
                         fconst, rand, grow, NB, GPB, GROUP, MBITS, HIER, SKIND, UKIND, EMODE,
-                        DITHER)
+                        DITHER, MIDRISE)
         tl.store(acc + eidx, v, mask=emask)

@@ -185,7 +185,8 @@ def draw_uniform(MODE: tl.constexpr, k0, k1, p0, p1, rank, world, gidx):
 
 @triton.jit
 def element_code(v, inv, etab, enfin, lut, lshift, lkey0, llen, MBITS: tl.constexpr,
-                 EMODE: tl.constexpr, k0, k1, p0, p1, rank, world, gidx):
+                 EMODE: tl.constexpr, k0, k1, p0, p1, rank, world, gidx,
+                 MIDRISE: tl.constexpr):
     """Sign-magnitude codes (uint32) of ``v`` normalised by ``inv``; numba ``element_code``.
 
     Args:
@@ -196,35 +197,47 @@ def element_code(v, inv, etab, enfin, lut, lshift, lkey0, llen, MBITS: tl.conste
         MBITS, EMODE: magnitude bits and element rounding mode.
         k0, k1, p0, p1, rank, world: uint32 random keys and stratification.
         gidx: int64 global element indices, ``v``'s shape.
+        MIDRISE: the table has no zero level (numba ``element_code``: a negative value rounds
+            with ``1 - u``, and below the first level the rounding crosses zero).
 
     Returns:
         uint32 codes, ``v``'s shape.
     """
     a = tl.abs(v) * inv
+    sign = v.to(tl.uint32, bitcast=True) >> 31
     if EMODE == NEAREST:
         u = tl.zeros(a.shape, tl.float32)
     else:
         u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx)
+        if MIDRISE:
+            u = tl.where(sign != 0, 1.0 - u, u)
     lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
     if EMODE == NEAREST:
         m = round_bracket(a, lo, etab, enfin, NEAREST, u)
     else:
         m = round_bracket(a, lo, etab, enfin, STOCHASTIC, u)
-    sign = v.to(tl.uint32, bitcast=True) >> 31
+        if MIDRISE:
+            t0 = tl.load(etab)
+            cross = (a < t0) & (u * (t0 + t0) >= a + t0)
+            sign = sign ^ cross.to(tl.uint32)
     return m.to(tl.uint32) | (sign << MBITS)
 
 
 @triton.jit
-def element_value(c, edec, MBITS: tl.constexpr, s, DITHER: tl.constexpr, kap, u):
+def element_value(c, edec, MBITS: tl.constexpr, s, DITHER: tl.constexpr, kap, u,
+                  MIDRISE: tl.constexpr):
     """Decoded float32 values of element codes ``c`` (uint32) under scales ``s`` (broadcast).
 
     Equivalent to numba ``element_value``: the magnitude ``edec[c & mask]`` (plus
     ``kap * (u - 1/2)`` with ``DITHER``, ``u`` the encoder's uniforms), times ``s``, negated when
-    the sign bit is set; finite products saturate at ``±FLT_MAX``, NaN stays NaN.
+    the sign bit is set; finite products saturate at ``±FLT_MAX``, NaN stays NaN. ``MIDRISE``:
+    a negative code's dither uses ``1 - u``.
     """
     mag = (c & ((1 << MBITS) - 1)).to(tl.int32)
     m = tl.load(edec + mag)
     if DITHER:
+        if MIDRISE:
+            u = tl.where(((c >> MBITS) & 1) != 0, 1.0 - u, u)
         m = m + kap * (u - 0.5)
     v = m * s
     v = tl.where(v > 3.4028234663852886e38, 3.4028234663852886e38, v)
