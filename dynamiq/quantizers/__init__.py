@@ -4,7 +4,7 @@ A :class:`BlockQuantizer` cuts a flat vector into groups of ``group_size`` eleme
 group a scale, and codes every element in the element format relative to its group scale. With
 ``super_group_size`` set, scales are *hierarchical*: each super-group has a scale in
 ``super_scale`` format and each group scale is stored relative to it (DynamiQ: UINT8 group scales
-under a BF16 super-group scale).
+under a power-of-two super-group scale; the paper's: under a BF16 one).
 
 The quantizer is a frozen, hashable value; :data:`QUANTIZERS` holds the named ones (MX, NVFP4,
 plain integer and DynamiQ-level quantizers). ``encode`` returns a :class:`Payload` whose single

@@ -199,3 +199,34 @@ def test_formats_are_hashable_values():
     assert FloatFormat(4, 3, "fn") == FORMATS["e4m3"]
     assert hash(FloatFormat(4, 3, "fn")) == hash(FORMATS["e4m3"])
     assert EpsilonFormat(4, 0.19) == FORMATS["dq4"]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("eps", [0.0, 0.15, 0.35])
+def test_midrise_levels_are_half_a_step_out_and_every_code_is_a_value(bits, eps):
+    f = EpsilonFormat(bits, eps, midrise=True)
+    assert f.midrise and not EpsilonFormat(bits, eps).midrise
+    L = 2 ** (bits - 1)
+    q = 1 + 2 * eps**2
+    t = np.arange(L) + 0.5
+    if eps == 0 or bits == 2:
+        want = t / (L - 0.5)
+    else:
+        want = (q**t - 1) / (q ** (L - 0.5) - 1)
+    m = f.magnitudes()
+    assert np.allclose(m, want, rtol=1e-6) and m[-1] == 1.0 and m[0] > 0
+    assert f.min_value == m[0]
+    # all 2**bits codes decode to 2**bits distinct values, symmetric about zero
+    vals = f.decode(f.valid_codes())
+    assert len(vals) == 2**bits and len(np.unique(vals)) == 2**bits
+    assert np.array_equal(np.sort(vals), -np.sort(vals)[::-1])
+    # the reference cast still inverts the table
+    assert np.array_equal(f.encode(vals), f.valid_codes())
+
+
+def test_midrise_must_be_a_bool_and_other_formats_have_a_zero():
+    with pytest.raises(TypeError, match="midrise"):
+        EpsilonFormat(4, 0.2, midrise=1)
+    assert str(EpsilonFormat(4, 0.2, midrise=True)) == "EpsilonFormat(bits=4,eps=0.2,midrise=True)"
+    assert EpsilonFormat(4, 0.2, midrise=True) != EpsilonFormat(4, 0.2)
+    assert not any(FORMATS[n].midrise for n in FORMATS.names())

@@ -27,6 +27,7 @@ from _parity import (
 
 from dynamiq import QUANTIZERS, TRANSFORMS, BlockQuantizer, Payload
 from dynamiq.collectives.statistics import local_statistics
+from dynamiq.formats import EpsilonFormat
 from dynamiq.kernels import backend_names
 from dynamiq.metadata import STATISTICS
 
@@ -86,6 +87,38 @@ def test_scale_formats_and_roundings_match_the_reference_on_awkward_blocks(case)
     # numba only: the Triton test module compares these cases with numba
     q = BlockQuantizer(group_size=16, **case)
     _check_awkward_blocks(q, "numba", q.describe())
+
+
+# Mid-rise grids through every element search the kernels have (compares for small tables,
+# the bucket lookup for large ones) and every element rounding; the registered ``dq4_dither``
+# covers the dithered, correlated one on every backend.
+MIDRISE_CASES = [
+    {"element": EpsilonFormat(3, 0.35, midrise=True), "rounding": "stochastic",
+     "scale": "u8rel", "scale_rounding": "up", "super_group_size": 256, "super_scale": "e8m0"},
+    {"element": EpsilonFormat(8, 0.06, midrise=True), "rounding": "correlated", "dither": True,
+     "scale": "u8rel", "scale_rounding": "stochastic", "super_group_size": 128,
+     "super_scale": "bf16"},
+    {"element": EpsilonFormat(6, 0.0, midrise=True), "rounding": "stochastic", "dither": True,
+     "scale": "bf16"},
+    {"element": EpsilonFormat(5, 0.15, midrise=True), "rounding": "nearest", "scale": "bf16"},
+]
+
+
+@pytest.mark.parametrize("case", MIDRISE_CASES, ids=lambda c: f"{c['element']}-{c['rounding']}")
+def test_midrise_grids_match_the_reference(case):
+    # numba only (the Triton parity of a mid-rise grid is the registered dq4_dither's)
+    q = BlockQuantizer(group_size=16, **case)
+    _check_awkward_blocks(q, "numba", q.describe())
+    n = 1000
+    want = q.encode(vector(n, 3), backend="reference", **KEYS)
+    acc = vector(n, 4)
+    for wb in WRITEBACKS:
+        a1, a2 = acc.clone(), acc.clone()
+        r1 = q.recompress(want, a1, writeback=wb, backend="reference", in_rank=2, **KEYS)
+        r2 = q.recompress(Payload(q, n, want.data.clone()), a2, writeback=wb, backend="numba",
+                          in_rank=2, **KEYS)
+        assert_same(r2.data, r1.data, f"{q.describe()} recompress({wb}) bytes")
+        assert_same(a2, a1, f"{q.describe()} recompress({wb}) acc")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dynamiq import QUANTIZERS, BlockQuantizer, UnknownNameError
+from dynamiq.formats import EpsilonFormat, LevelFormat
 from dynamiq.kernels import get_backend
 from dynamiq.quantizers.rows import rows_length
 from dynamiq.testing import element_error_bound, reference_scales
@@ -331,6 +332,50 @@ def test_dithering_is_unbiased_and_halves_the_noise():
     mse_p = float(np.mean([((plain.decode(plain.encode(x, seed=s)) - x) ** 2).mean().item()
                            for s in range(20)]))
     assert mse_d < 0.7 * mse_p
+
+
+# ---------------------------------------------------------------- mid-rise grids
+@pytest.mark.parametrize("dither", [False, True])
+def test_midrise_rounding_crosses_zero_and_stays_unbiased(dither):
+    """Values between the innermost levels ``±m₀`` (zeros of either sign included) round to
+    either level, so they decode with both signs; every value's mean over 400 seeds converges
+    to it (bound: 5 standard errors of the rounding, ``Δ √(p(1-p))`` or, dithered, ``Δ/√12``,
+    on the grid of step ``Δ = 2/15``)."""
+    q = BlockQuantizer(EpsilonFormat(4, 0.0, midrise=True), group_size=32, scale="bf16",
+                       rounding="stochastic", dither=dither)
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 0.03
+    x[::32] = 1.0  # every group's maximum: scale 1, innermost levels ±1/15
+    x[1::32] = 0.0
+    x[2::32] = -0.0
+    k = 400
+    ys = torch.stack([q.decode(q.encode(x, seed=s), seed=s) for s in range(k)]).double()
+    small = x.abs() < 1 / 15
+    assert ((ys[:, small] > 0).any(0) & (ys[:, small] < 0).any(0)).float().mean() > 0.99
+    if not dither:  # undithered codes decode to the levels themselves
+        assert ys[:, 1].unique().tolist() == pytest.approx([-1 / 15, 1 / 15])
+    step = 2 / 15
+    p = torch.frac((x.double() + 1) / step)
+    sd = step * (torch.full_like(p, 12**-0.5) if dither else (p * (1 - p)).sqrt())
+    err = (ys - x.double()).mean(0)
+    assert (err.abs() <= 5 * sd / k**0.5 + 1e-6).all()
+
+
+def test_midrise_levels_lower_the_dithered_error_by_the_step_ratio():
+    """Uniform levels dithered err by ``Δ²/12``; the mid-rise grid's step is ``2/15`` of the
+    range at width 4 against ``2/14``, so its error is about ``(14/15)² = 0.87`` as large."""
+    x = torch.randn(1 << 15, generator=torch.Generator().manual_seed(2))
+    mse = {}
+    for mid in (False, True):
+        q = BlockQuantizer(EpsilonFormat(4, 0.0, midrise=mid), group_size=32, scale="bf16",
+                           rounding="stochastic", dither=True)
+        mse[mid] = float(np.mean([((q.decode(q.encode(x, seed=s), seed=s) - x) ** 2)
+                                  .mean().item() for s in range(8)]))
+    assert 0.82 < mse[True] / mse[False] < 0.92, mse
+
+
+def test_a_table_without_zero_must_say_it_is_midrise():
+    with pytest.raises(ValueError, match="represents zero, or a mid-rise one"):
+        BlockQuantizer(LevelFormat((0.25, 1.0)), scale="bf16")
 
 
 # ---------------------------------------------------------------- blocks in place (rows)

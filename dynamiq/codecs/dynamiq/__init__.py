@@ -7,8 +7,8 @@ coding option, a width and a group size, for every super-group of 256 coordinate
 (:mod:`dynamiq.codecs.allocation`); no width map travels. A chunk's message is the
 concatenation of one segment per option, in increasing cost order (BF16 first): the chunk's
 super-groups are reordered (stably) so that equal options are contiguous, each segment is coded
-by the quantizer of its option (ε-levels, groups of 32 or 64 with UINT8 scales relative to a
-BF16 super-group scale, stochastic scale rounding, correlated element rounding decoded with
+by the quantizer of its option (mid-rise ε-levels, groups of 32 or 64 with UINT8 scales rounded
+up relative to a power-of-two super-group scale, correlated element rounding decoded with
 subtractive dithering), and the reorder is undone on decoding. Every hop recomputes the scales
 from its partial sum; by default each hop position has its own options
 (:mod:`~dynamiq.codecs.dynamiq.hops`).

@@ -73,8 +73,8 @@ class DynamiQ(PartialSumCodec):
             :data:`~dynamiq.formats.TUNED_EPSILON`. Ignored for ``levels="uniform"`` and width
             16.
         levels: ``"eps"`` (ε-levels) or ``"uniform"``.
-        scales: ``"hier"`` (UINT8 group scales under a super-group scale, stochastic scale
-            rounding) or ``"flat"`` (a BF16 scale per group, rounded up).
+        scales: ``"hier"`` (UINT8 group scales under a super-group scale, rounded as
+            ``scale_rounding`` says) or ``"flat"`` (a BF16 scale per group, rounded up).
         rounding: ``"correlated"`` (stratified across the ranks of one tree height, unbiased
             conditionally on the path), ``"path"`` (the paper's: stratified across every rank
             of a chunk's tree, so successive roundings of one coordinate are correlated too;
@@ -118,7 +118,7 @@ class DynamiQ(PartialSumCodec):
             growth over the schedule's longest chain exceeds this is rounded stochastically
             instead (:func:`~dynamiq.codecs.dynamiq.options.dither_floor`). The default keeps
             width 3 dithered on rings of up to 135 ranks, width 4 up to 614, width 5 up to
-            2618, width 6 up to 10,858 (butterflies keep more): on a ring of 1024 a dithered
+            2618, width 6 up to 10,858 (butterflies keep width 3): on a ring of 1024 a dithered
             width 4 diverges (docs/method.rst).
         metadata: Precision of the two statistics of the metadata phase: ``"fp8"`` (8 bits
             each, ``csumsq8``/``sum8``: 0.0625 bits/coordinate with a sum-of-squares for the
