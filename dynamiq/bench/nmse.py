@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynamiq.bench.ablation import ABLATION, ABLATION_SIDE
 from dynamiq.bench.accuracy import bias_ratio, bits_to_match, target_pipeline, vnmse_at
 from dynamiq.bench.output import stderr_log, write_rows
 from dynamiq.bench.plots import check_plot_path, scatter_plot
@@ -45,48 +46,6 @@ __all__ = [
 #: Methods compared by default (registered pipeline names).
 DEFAULT_METHODS = ("dynamiq", "dynamiq-paper", "bf16", "mxfp8", "mxfp6", "mxfp4", "nvfp4",
                    "thc", "omnireduce")
-
-#: The paper's ablation, each step adding one ingredient, all at 5 bits/coordinate (a
-#: fixed 4-bit width with a BF16 scale per group of 16 costs exactly 5), then the steps by which
-#: the default goes beyond the paper. In a ring, correlated rounding cannot lower the error of an
-#: unbiased pipeline (each coordinate is rounded once per tree height, and roundings along one
-#: path are uncorrelated martingale steps): that step is expected to be neutral there and to help
-#: only on trees with several nodes per height holding similar values.
-_PAPER_META = "dither=false,metadata=bf16,per_hop=false"
-#: The paper's coding of the levels and scales, kept until the ablation's last steps change it.
-_PAPER_CODE = "midrise=false,super_scale=bf16,scale_rounding=stochastic"
-_FLAT = "scales=flat,rounding=stochastic,group_size=16,midrise=false"
-_DITHER4 = f"{_PAPER_CODE},dither_min_width=4"
-ABLATION: tuple[tuple[str, str], ...] = (
-    ("uniform levels", f"dynamiq(widths=4,levels=uniform,{_FLAT},dither=false)"),
-    ("ε-levels", f"dynamiq(widths=4,{_FLAT},dither=false)"),
-    ("+ variable widths (+ centering)",
-     f"center(statistic=sum)+dynamiq({_FLAT},{_PAPER_META})"),
-    ("+ hierarchical scales",
-     f"center(statistic=sum)+dynamiq(rounding=stochastic,group_size=16,{_PAPER_META},"
-     f"{_PAPER_CODE})"),
-    ("+ correlated rounding",
-     f"center(statistic=sum)+dynamiq(group_size=16,{_PAPER_META},{_PAPER_CODE})"),
-    ("+ groups of 32",
-     f"center(statistic=sum)+dynamiq(group_size=32,{_PAPER_META},{_PAPER_CODE})"),
-    ("+ dithered decoding",
-     f"center(statistic=sum)+dynamiq(group_size=32,metadata=bf16,per_hop=false,{_DITHER4})"),
-    ("+ 8-bit metadata", f"center+dynamiq(group_size=32,per_hop=false,{_DITHER4})"),
-    ("+ groups of 32 or 64", f"center+dynamiq(per_hop=false,{_DITHER4})"),
-    ("+ widths per hop", f"center+dynamiq({_DITHER4})"),
-    ("+ mid-rise levels",
-     "center+dynamiq(super_scale=bf16,scale_rounding=stochastic,dither_min_width=4)"),
-    ("+ power-of-two super scales, scales rounded up", "center+dynamiq(dither_min_width=4)"),
-    ("+ width 3 dithered (default)", "center+dynamiq"),
-)
-
-#: Variants shown beside the ablation, not steps of it: the paper's path-correlated rounding
-#: (biased; its bias shows with ``--bias``) in place of the default's per-height correlation.
-ABLATION_SIDE: tuple[tuple[str, str], ...] = (
-    ("(side) path-correlated rounding",
-     f"center(statistic=sum)+dynamiq(group_size=16,rounding=path,{_PAPER_META},"
-     f"{_PAPER_CODE})"),
-)
 
 #: MXFP8's bits per coordinate (E4M3 elements under an E8M0 scale per 32).
 MXFP8_BITS = 8.5

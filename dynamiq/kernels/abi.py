@@ -183,8 +183,7 @@ class KernelSpec(NamedTuple):
     efam: int = 0  # element search (dynamiq.kernels.tables.element_family)
     emant: int = 0  # FAMILY_FLOAT: mantissa bits
     ebias: int = 0  # FAMILY_FLOAT: exponent bias
-    midrise: bool = False  # element grid without zero: rounding below the first level crosses
-    # zero, and negative values round (and dithered codes decode) with the reflected uniform
+    midrise: bool = False  # no zero level: rounds across zero, negatives use 1 - u
 
     def tag(self) -> str:
         """Readable, unique name of the variant."""

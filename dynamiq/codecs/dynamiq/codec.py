@@ -34,6 +34,7 @@ from dynamiq.codecs.dynamiq.options import (
     build_options,
     check_settings,
     dither_floor,
+    midrise_floor,
     normalise_group_sizes,
     normalise_widths,
     spec_number,
@@ -41,6 +42,7 @@ from dynamiq.codecs.dynamiq.options import (
 from dynamiq.codecs.dynamiq.plan import ChunkLayout, WidthPlan, chunk_layout
 from dynamiq.codecs.dynamiq.segments import Segment, segment_of
 from dynamiq.codecs.dynamiq.target import check_target, targeted_choice
+from dynamiq.formats import EpsilonFormat
 from dynamiq.metadata import STATISTICS, SUPER_GROUP, metadata_bits
 from dynamiq.quantizers import BlockQuantizer
 from dynamiq.spec import format_call
@@ -276,17 +278,37 @@ class DynamiQ(PartialSumCodec):
                 out.append((plain, segment_of(dataclasses.replace(o, quantizer=plain))))
         return tuple(out)
 
-    def _dithered(self, i: int, wp: WidthPlan | None) -> bool:
-        """Whether option ``i`` keeps its dithering under plan ``wp``."""
-        return wp is None or self.options[i].width >= wp.dither_from
+    @cached_property
+    def _tread(self) -> tuple[tuple[BlockQuantizer | None, Segment], ...]:
+        """Every option's undithered quantizer and segment on levels with a zero (the same as
+        :attr:`_plain` where its levels have one)."""
+        out = []
+        for o, (q, seg) in zip(self.options, self._plain):
+            if q is None or not q.element.midrise:
+                out.append((q, seg))
+            else:
+                e = q.element
+                t = dataclasses.replace(q, element=EpsilonFormat(e.bits, e.eps))
+                out.append((t, segment_of(dataclasses.replace(o, quantizer=t))))
+        return tuple(out)
+
+    def _variant(self, i: int, wp: WidthPlan | None) -> tuple[BlockQuantizer | None, Segment]:
+        """Option ``i``'s quantizer and segment under plan ``wp``: its own where ``wp`` keeps
+        it, else undithered, on levels with a zero below ``wp.midrise_from``."""
+        w = self.options[i].width
+        q = self.options[i].quantizer
+        if wp is None or (q is not None and q.dither and w >= wp.dither_from):
+            return q, self._segments[i]
+        return self._plain[i] if w >= wp.midrise_from else self._tread[i]
 
     def quantizer_for(self, i: int, wp: WidthPlan | None) -> BlockQuantizer | None:
         """The quantizer option ``i`` codes with under the width plan ``wp`` (``None``:
-        BF16): its own, undithered when ``wp`` dithers only wider widths."""
-        return self.options[i].quantizer if self._dithered(i, wp) else self._plain[i][0]
+        BF16): its own, undithered when ``wp`` dithers only wider widths, and on levels with a
+        zero when ``wp`` keeps mid-rise levels for wider undithered widths only."""
+        return self._variant(i, wp)[0]
 
     def _segment(self, i: int, wp: WidthPlan | None) -> Segment:
-        return self._segments[i] if self._dithered(i, wp) else self._plain[i][1]
+        return self._variant(i, wp)[1]
 
     @property
     def wants_compression_factors(self) -> bool:  # type: ignore[override]
@@ -296,8 +318,8 @@ class DynamiQ(PartialSumCodec):
     @property
     def wants_hop_profile(self) -> bool:  # type: ignore[override]
         """Whether :meth:`prepare` reads the schedule's hop profile (a per-hop allocation, or
-        the chain length that decides which widths are dithered)."""
-        return (self.per_hop and self.variable) or self.dither
+        the chain length that decides which widths are dithered or keep mid-rise levels)."""
+        return (self.per_hop and self.variable) or self.dither or self.midrise
 
     @property
     def variable(self) -> bool:
@@ -357,9 +379,10 @@ class DynamiQ(PartialSumCodec):
         """
         profile = hop_profile if hop_profile is not None else ring_profile(world_size)
         plan = self._decide(stats, length, world_size, state, compression_factors, profile)
-        if self.dither:
+        if self.dither or self.midrise:
             # sizes strictly grow along a chain, so the profile's positions bound its length
-            plan.with_dither_from(dither_floor(self, len(profile) - 1))
+            depth = len(profile) - 1
+            plan.with_dither_from(dither_floor(self, depth), midrise_floor(self, depth))
         return plan
 
     def _decide(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,

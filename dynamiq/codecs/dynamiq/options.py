@@ -34,6 +34,8 @@ __all__ = [
     "check_settings",
     "dither_floor",
     "dither_growth",
+    "midrise_floor",
+    "midrise_growth",
     "normalise_group_sizes",
     "normalise_widths",
     "spec_number",
@@ -256,16 +258,43 @@ def dither_growth(q: BlockQuantizer) -> float:
     return 1.0 + k * k / 2.0
 
 
+def midrise_growth(q: BlockQuantizer) -> float:
+    """The modelled growth per hop of an undithered mid-rise quantizer's noise along a chain.
+
+    A mid-rise grid has no zero: an element near zero rounds to ``±m₀`` whatever its value, a
+    noise of variance up to ``m₀²`` in units of the group's maximum, which feeds back through
+    the next hop's maximum like a dither of that variance: ``1 + c m₀²`` with ``c = 6`` (as
+    :func:`dither_growth`). 1 for levels with a zero, whose rounding error shrinks with the
+    element.
+    """
+    if not q.element.midrise:
+        return 1.0
+    mags = q.element.magnitudes()
+    m0 = float(mags[0] / mags[-1])
+    return 1.0 + 6.0 * m0 * m0
+
+
+def _floor(codec: DynamiQ, depth: int, start: int, growth) -> int:
+    floor = start
+    for o in codec.options:
+        g = growth(o.quantizer) if o.quantizer is not None else 1.0
+        # in logarithms: the power overflows a float on long chains
+        if max(0, depth) * math.log(g) > math.log(codec.dither_max_growth):
+            floor = max(floor, o.width + 1)
+    return floor
+
+
+def midrise_floor(codec: DynamiQ, depth: int) -> int:
+    """The narrowest width whose undithered mid-rise levels keep their noise's growth over
+    ``depth`` hops, ``midrise_growth ** depth``, within ``codec.dither_max_growth``; narrower
+    undithered widths code on the levels with a zero (0: every width keeps its levels)."""
+    return _floor(codec, depth, 0, midrise_growth)
+
+
 def dither_floor(codec: DynamiQ, depth: int) -> int:
     """The narrowest width ``codec`` dithers on a schedule whose chains are at most ``depth``
     hops long: ``dither_min_width``, raised until every dithered width's noise growth over
     ``depth`` hops, ``dither_growth ** depth``, stays within ``codec.dither_max_growth``
     (above every width of the codec: none is)."""
-    floor = codec.dither_min_width
-    for o in codec.options:
-        q = o.quantizer
-        growth = dither_growth(q) if q is not None and q.dither else 1.0
-        # in logarithms: the power overflows a float on long chains
-        if max(0, depth) * math.log(growth) > math.log(codec.dither_max_growth):
-            floor = max(floor, o.width + 1)
-    return floor
+    return _floor(codec, depth, codec.dither_min_width,
+                  lambda q: dither_growth(q) if q.dither else 1.0)

@@ -50,6 +50,10 @@ class WidthPlan:
             ``dither_min_width`` unless the schedule's chains are long enough to raise it, see
             :func:`~dynamiq.codecs.dynamiq.options.dither_floor`); 0: as the options are
             built.
+        midrise_from: The narrowest width an undithered segment codes on mid-rise levels;
+            narrower undithered ones use the levels with a zero (see
+            :func:`~dynamiq.codecs.dynamiq.options.midrise_floor`); 0: every width keeps its
+            levels.
     """
 
     choice: np.ndarray
@@ -58,6 +62,7 @@ class WidthPlan:
     used_bits: float
     hops: dict[int, WidthPlan] | None = None
     dither_from: int = 0
+    midrise_from: int = 0
     _layouts: dict = field(default_factory=dict, repr=False)
     position: np.ndarray = field(init=False, repr=False)
 
@@ -68,11 +73,12 @@ class WidthPlan:
         self.position = np.empty_like(order)
         self.position[order] = np.arange(order.size)
 
-    def with_dither_from(self, width: int) -> WidthPlan:
-        """This plan (and its hop plans) coding widths below ``width`` without dithering."""
-        self.dither_from = width
-        for h in (self.hops or {}).values():
-            h.dither_from = width
+    def with_dither_from(self, width: int, midrise_from: int = 0) -> WidthPlan:
+        """This plan (and its hop plans) coding widths below ``width`` without dithering, and
+        undithered widths below ``midrise_from`` on levels with a zero."""
+        for p in (self, *(self.hops or {}).values()):
+            p.dither_from = width
+            p.midrise_from = midrise_from
         return self
 
     def for_summands(self, summands: int) -> WidthPlan:

@@ -12,12 +12,21 @@ What is checked:
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dynamiq import formats
 from dynamiq.codecs import get_codec
 from dynamiq.codecs.dynamiq import ALLOWED_WIDTHS, BF16_WIDTH, TUNED_EPSILON, DynamiQ
-from dynamiq.codecs.dynamiq.options import as_tuple, build_options, dither_floor, dither_growth
+from dynamiq.codecs.dynamiq.options import (
+    as_tuple,
+    build_options,
+    dither_floor,
+    dither_growth,
+    midrise_floor,
+    midrise_growth,
+)
 from dynamiq.formats import DEFAULT_EPSILON, FORMATS, EpsilonFormat
 from dynamiq.metadata import SUPER_GROUP as SG
 from dynamiq.pipeline import Pipeline
@@ -241,9 +250,31 @@ def test_prepare_records_the_dither_floor_of_the_schedule():
     m = 64
     stats = {"csumsq8": torch.rand(m, dtype=torch.float64),
              "sum8": torch.zeros(m, dtype=torch.float64)}
-    for n, want in ((8, 3), (512, 4), (1024, 5), (4096, 6)):
+    for n, want, mid in ((8, 3, 0), (512, 4, 5), (1024, 5, 5), (4096, 6, 6)):
         plan = c.prepare(stats, m * SG, n, {}, hop_profile=ring_profile(n))
-        assert plan.dither_from == want
-        assert all(h.dither_from == want for h in (plan.hops or {}).values())
+        assert (plan.dither_from, plan.midrise_from) == (want, mid)
+        assert all((h.dither_from, h.midrise_from) == (want, mid)
+                   for h in (plan.hops or {}).values())
         q = c.quantizer_for(next(i for i, o in enumerate(c.options) if o.width == 4), plan)
         assert q.dither == (want <= 4)
+        # an undithered width keeps its mid-rise levels only from midrise_from on
+        assert q.element.midrise == (want <= 4 or mid <= 4)
+
+
+def test_undithered_midrise_levels_fall_back_to_a_zero_level_on_long_chains():
+    """Without dither a mid-rise grid still rounds every element near zero to ``±m₀``: noise
+    that scales with the group's maximum and grows along a chain by ``1 + 6 m₀²`` per hop (1.67
+    at width 2); the widths whose growth passes the bound code on levels with a zero."""
+    c = DynamiQ()
+    g = {o.width: midrise_growth(o.quantizer) for o in c.options if o.quantizer is not None}
+    m0 = c.options[0].quantizer.element.magnitudes()[0]
+    assert g[2] == pytest.approx(1 + 6 * m0**2) and g[2] == pytest.approx(5 / 3, rel=1e-6)
+    assert g[2] > g[3] > g[4] > g[5] > g[6] > g[7] > g[8] > 1.0
+    assert midrise_growth(DynamiQ(midrise=False).options[0].quantizer) == 1.0
+    for depth in (1, 7, 15, 63, 127, 511, 1023, 4095):
+        want = min(w for w in range(2, 17) if all(
+            depth * math.log(g[v]) <= math.log(c.dither_max_growth) for v in g if v >= w))
+        assert midrise_floor(c, depth) == (0 if want == 2 else want), depth
+    assert midrise_floor(c, 7) == 0 and midrise_floor(c, 4095) == 6
+    assert midrise_floor(DynamiQ(midrise=False), 10**6) == 0
+    assert DynamiQ(dither=False, per_hop=False).wants_hop_profile
