@@ -106,7 +106,10 @@ class DynamiQ(PartialSumCodec):
             codes of width ``w`` are ``2^w`` distinct values instead of ``2^w - 1`` (a grid
             with a zero level spends two codes on ``±0``), so the levels' steps shrink by
             ``(2^w - 2) / (2^w - 1)``; values near zero round across it, still unbiased and
-            dithered as any other. ``False``: the paper's levels, with a zero.
+            dithered as any other. Undithered, the rounding near zero adds noise that grows
+            along a chain, so on long chains narrow undithered widths fall back to levels
+            with a zero (:func:`~dynamiq.codecs.dynamiq.options.midrise_floor`, under
+            ``dither_max_growth``). ``False``: the paper's levels, with a zero.
         dither_min_width: Narrowest dithered width; narrower ones round stochastically. The
             dither's noise is the same for every element of a group, proportional to the
             group's maximum, so along a chain of hops it feeds back through the next hop's

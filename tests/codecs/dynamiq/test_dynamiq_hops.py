@@ -87,10 +87,12 @@ def test_one_option_or_per_hop_false_use_one_plan():
 
     assert DynamiQ(target=1e-3).wants_hop_profile
     assert DynamiQ().wants_hop_profile
-    # without dithering the profile is read only for per-hop plans; with it, for the length
-    # of the chains (which widths stay dithered), but a single plan still serves every hop
-    assert not DynamiQ(widths=4, group_size=32, dither=False).wants_hop_profile
-    assert not DynamiQ(per_hop=False, dither=False).wants_hop_profile
+    # without dithering or mid-rise levels the profile is read only for per-hop plans; with
+    # either, for the length of the chains (which widths stay dithered, which keep mid-rise
+    # levels), but a single plan still serves every hop
+    assert not DynamiQ(widths=4, group_size=32, dither=False, midrise=False).wants_hop_profile
+    assert not DynamiQ(per_hop=False, dither=False, midrise=False).wants_hop_profile
+    assert DynamiQ(per_hop=False, dither=False).wants_hop_profile
     m = 64
     stats = {"csumsq8": torch.rand(m, dtype=torch.float64),
              "sum8": torch.zeros(m, dtype=torch.float64)}
