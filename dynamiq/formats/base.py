@@ -47,6 +47,17 @@ class NumberFormat:
         """
         return False
 
+    def level_gaps(self) -> np.ndarray:
+        """Gaps between neighbouring values of the grid's non-negative half, from zero up.
+
+        The magnitudes' differences; a mid-rise grid's first gap is the one across zero, twice
+        its first level (a value below that level rounds between ``±min_value``). Gap ``i``
+        covers the magnitudes from ``np.union1d([0], magnitudes())[i]`` to the next.
+        """
+        m = self.magnitudes()
+        gaps = np.diff(m)
+        return np.concatenate([[2.0 * m[0]], gaps]) if self.midrise else gaps
+
     @property
     def kind(self) -> str:
         """How kernels treat the format: ``"table"`` (all formats but FP32) or ``"fp32"``."""

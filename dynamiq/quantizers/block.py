@@ -154,12 +154,9 @@ class BlockQuantizer:
         """
         if not self.dither:
             return 0.0
-        mags = np.asarray(self.element.magnitudes(), dtype=np.float64)
-        gaps = np.diff(mags)
-        if self.element.midrise:
-            # magnitudes below the first level round across zero, a gap of twice that level
-            gaps = np.concatenate([[2.0 * mags[0]], gaps])
-            mags = np.concatenate([[0.0], mags])
+        # the gaps' lower ends from zero up (a mid-rise grid's first gap spans zero)
+        mags = np.union1d([0.0], self.element.magnitudes())
+        gaps = self.element.level_gaps()
         top = mags[-1]
         cdf = np.array([math.erf(2.0 * m / top / math.sqrt(2.0)) for m in mags])
         mass = np.diff(cdf)
@@ -492,11 +489,7 @@ class BlockQuantizer:
     def level_gap(self) -> float:
         """Largest gap between neighbouring element values, relative to ``max_value`` (a
         mid-rise grid's gap across zero, twice its first level, included)."""
-        m = self.element.magnitudes()
-        gaps = np.diff(m)
-        if self.element.midrise:
-            gaps = np.concatenate([[2.0 * m[0]], gaps])
-        return float(gaps.max() / m[-1])
+        return float(self.element.level_gaps().max() / self.element.max_value)
 
     def describe(self) -> str:
         """One-line summary."""

@@ -55,14 +55,20 @@ def test_every_registered_quantizer_matches_the_reference(backend, n):
         assert_same(got.data, want.data, f"{name} encode n={n}")
         assert_same(q.decode(got, backend=backend, **KEYS),
                     q.decode(want, backend="reference", **KEYS), f"{name} decode n={n}")
-        acc = vector(n, 4)
-        for wb in WRITEBACKS:
-            a1, a2 = acc.clone(), acc.clone()
-            r1 = q.recompress(want, a1, writeback=wb, backend="reference", in_rank=2, **KEYS)
-            r2 = q.recompress(Payload(q, n, want.data.clone()), a2, writeback=wb,
-                              backend=backend, in_rank=2, **KEYS)
-            assert_same(r2.data, r1.data, f"{name} recompress({wb}) bytes n={n}")
-            assert_same(a2, a1, f"{name} recompress({wb}) acc n={n}")
+        _check_recompress(q, want, backend, f"{name} n={n}")
+
+
+def _check_recompress(q, incoming, backend: str, what: str) -> None:
+    # the fused hop on ``incoming`` (the reference's payload) in every write-back
+    n = incoming.n
+    acc = vector(n, 4)
+    for wb in WRITEBACKS:
+        a1, a2 = acc.clone(), acc.clone()
+        r1 = q.recompress(incoming, a1, writeback=wb, backend="reference", in_rank=2, **KEYS)
+        r2 = q.recompress(Payload(q, n, incoming.data.clone()), a2, writeback=wb,
+                          backend=backend, in_rank=2, **KEYS)
+        assert_same(r2.data, r1.data, f"{what} recompress({wb}) bytes")
+        assert_same(a2, a1, f"{what} recompress({wb}) acc")
 
 
 def _check_awkward_blocks(q, backend: str, what: str) -> None:
@@ -109,16 +115,8 @@ def test_midrise_grids_match_the_reference(case):
     # numba only (the Triton parity of a mid-rise grid is the registered dq4_dither's)
     q = BlockQuantizer(group_size=16, **case)
     _check_awkward_blocks(q, "numba", q.describe())
-    n = 1000
-    want = q.encode(vector(n, 3), backend="reference", **KEYS)
-    acc = vector(n, 4)
-    for wb in WRITEBACKS:
-        a1, a2 = acc.clone(), acc.clone()
-        r1 = q.recompress(want, a1, writeback=wb, backend="reference", in_rank=2, **KEYS)
-        r2 = q.recompress(Payload(q, n, want.data.clone()), a2, writeback=wb, backend="numba",
-                          in_rank=2, **KEYS)
-        assert_same(r2.data, r1.data, f"{q.describe()} recompress({wb}) bytes")
-        assert_same(a2, a1, f"{q.describe()} recompress({wb}) acc")
+    want = q.encode(vector(1000, 3), backend="reference", **KEYS)
+    _check_recompress(q, want, "numba", q.describe())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -267,33 +267,33 @@ class DynamiQ(PartialSumCodec):
     def _segments(self) -> tuple[Segment, ...]:
         return tuple(segment_of(o) for o in self.options)
 
+    def _twins(self, base: tuple[tuple[BlockQuantizer | None, Segment], ...], change
+               ) -> tuple[tuple[BlockQuantizer | None, Segment], ...]:
+        """``base``'s quantizer and segment of every option, with ``change`` applied to each
+        quantizer (a new segment only where it changed anything)."""
+        out = []
+        for o, (q, seg) in zip(self.options, base):
+            t = q if q is None else change(q)
+            out.append((q, seg) if t == q else
+                       (t, segment_of(dataclasses.replace(o, quantizer=t))))
+        return tuple(out)
+
     @cached_property
     def _plain(self) -> tuple[tuple[BlockQuantizer | None, Segment], ...]:
         """Every option's quantizer and segment without dithering (the same where it has
         none)."""
-        out = []
-        for o, seg in zip(self.options, self._segments):
-            q = o.quantizer
-            if q is None or not q.dither:
-                out.append((q, seg))
-            else:
-                plain = dataclasses.replace(q, dither=False)
-                out.append((plain, segment_of(dataclasses.replace(o, quantizer=plain))))
-        return tuple(out)
+        own = tuple(zip(self.quantizers, self._segments))
+        return self._twins(own, lambda q: dataclasses.replace(q, dither=False))
 
     @cached_property
     def _tread(self) -> tuple[tuple[BlockQuantizer | None, Segment], ...]:
         """Every option's undithered quantizer and segment on levels with a zero (the same as
         :attr:`_plain` where its levels have one)."""
-        out = []
-        for o, (q, seg) in zip(self.options, self._plain):
-            if q is None or not q.element.midrise:
-                out.append((q, seg))
-            else:
-                e = q.element
-                t = dataclasses.replace(q, element=EpsilonFormat(e.bits, e.eps))
-                out.append((t, segment_of(dataclasses.replace(o, quantizer=t))))
-        return tuple(out)
+        def zero_level(q: BlockQuantizer) -> BlockQuantizer:
+            e = q.element
+            return (dataclasses.replace(q, element=EpsilonFormat(e.bits, e.eps))
+                    if e.midrise else q)
+        return self._twins(self._plain, zero_level)
 
     def _variant(self, i: int, wp: WidthPlan | None) -> tuple[BlockQuantizer | None, Segment]:
         """Option ``i``'s quantizer and segment under plan ``wp``: its own where ``wp`` keeps
