@@ -92,6 +92,9 @@ PBYTES = PACK * BITS // 8
 WORDS = PACK * BITS <= 64 and BLOCK % PACK == 0
 CODE_T = np.uint8 if BITS <= 8 else np.uint16
 MMASK = U((1 << BITS) - 1)
+MMAG = (1 << MBITS) - 1  # magnitude bits of a code
+# whether levels are decoded by arithmetic (minifloat and integer grids, see level_value)
+ARITH = EFAM in (1, 2)
 CBYTES = BLOCK * BITS // 8  # code bytes per block
 # whether encoding draws its uniforms in a loop of their own (see code_elements), and the
 # scratch the uniforms of a task need (one element when nothing uses it)
@@ -200,25 +203,56 @@ def draw_uniforms(n, rand, gidx0, ub):
 
 
 @nb.njit(inline="always", cache=True)
-def decode_group(cb, base, gsize, s, dst, d0, edec, kap, ub):
-    """``dst[d0 + j] = decode(cb[j])`` for the group at ``base`` (``ub``: the uniforms)."""
-    for k in range(gsize):
-        j = base + U(k)
-        u = ub[j] if DITHER else np.float32(0.0)
-        dst[d0 + j] = element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE)
+def group_value(cb, j, s, edec, kap, ub, family):
+    """Decoded value of element ``j`` (``family``: a literal, see ``level_value``)."""
+    u = ub[j] if DITHER else np.float32(0.0)
+    return element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE, family, EMANT, EBIAS)
 
 
 @nb.njit(inline="always", cache=True)
-def add_group(cb, base, gsize, s, dst, d0, edec, kap, ub):
-    """As :func:`decode_group`, adding to ``dst`` (one float32 addition per element)."""
+def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
+    """``dst[d0 + j] = decode(cb[j])`` (``+=`` when ``add``, a literal) for the group at
+    ``base`` (``ub``: the uniforms).
+
+    A grid with an arithmetic level (``ARITH``) is decoded without table loads, in a loop that
+    vectorises; the codes beyond the finite levels, which no encoder writes, are then decoded
+    through the table in a second loop, only in a group that has one (an element's lane adds
+    -0 in the first, which leaves every value unchanged). Other grids are decoded by a table
+    load per element, which stays scalar.
+    """
+    if not ARITH:
+        for k in range(gsize):
+            j = base + U(k)
+            v = group_value(cb, j, s, edec, kap, ub, 0)
+            if add:
+                dst[d0 + j] += v
+            else:
+                dst[d0 + j] = v
+        return
+    top = np.uint32(0)
     for k in range(gsize):
         j = base + U(k)
-        u = ub[j] if DITHER else np.float32(0.0)
-        dst[d0 + j] += element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE)
+        mag = np.uint32(cb[j]) & np.uint32(MMAG)
+        top = max(top, mag)
+        v = group_value(cb, j, s, edec, kap, ub, EFAM)
+        v = v if mag < np.uint32(enfin) else np.float32(-0.0)
+        if add:
+            dst[d0 + j] += v
+        else:
+            dst[d0 + j] = v
+    if top >= np.uint32(enfin):
+        for k in range(gsize):
+            j = base + U(k)
+            if (np.uint32(cb[j]) & np.uint32(MMAG)) >= np.uint32(enfin):
+                v = group_value(cb, j, s, edec, kap, ub, 0)
+                if add:
+                    dst[d0 + j] += v
+                else:
+                    dst[d0 + j] = v
 
 
 @nb.njit(inline="always", cache=True)
-def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub):
+def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
     """``dst[d0:d0 + ng*gsize] = decode(cb)`` under the group scales ``sv[:ng]``.
 
     ``rand`` is the encoder's: a dithered decoder regenerates, into the scratch ``ub``, the
@@ -227,16 +261,16 @@ def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub):
     if DITHER:
         draw_uniforms(ng * gsize, rand, gidx0, ub)
     for g in range(ng):
-        decode_group(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub)
+        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, enfin, False)
 
 
 @nb.njit(inline="always", cache=True)
-def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub):
+def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
     """As :func:`decode_codes`, adding to ``dst``."""
     if DITHER:
         draw_uniforms(ng * gsize, rand, gidx0, ub)
     for g in range(ng):
-        add_group(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub)
+        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, enfin, True)
 
 
 @nb.njit(inline="always", cache=True)
@@ -403,6 +437,13 @@ def row_start(rows, t0, i):
 @nb.njit(inline="always", cache=True)
 def load_rows(src, rows, t0, cnt, t):
     """``t`` = the task's ``cnt`` blocks of ``src`` (see :func:`row_start`), contiguous."""
+    if not rows.size:
+        # one loop over the whole task: a loop of BLOCK (a literal) per block is unrolled
+        # into scalar moves
+        s0 = t0 * U(BLOCK)
+        for j in range(cnt * BLOCK):
+            t[U(j)] = src[s0 + U(j)]
+        return
     for i in range(cnt):
         s0 = row_start(rows, t0, i)
         d0 = U(i) * U(BLOCK)
@@ -414,6 +455,15 @@ def load_rows(src, rows, t0, cnt, t):
 def store_rows(t, rows, t0, cnt, dst, add):
     """Inverse of :func:`load_rows`: the task's blocks from ``t`` into ``dst`` (``+=`` when
     ``add``, one float32 addition per element)."""
+    if not rows.size:
+        d0 = t0 * U(BLOCK)
+        if add:
+            for j in range(cnt * BLOCK):
+                dst[d0 + U(j)] += t[U(j)]
+        else:
+            for j in range(cnt * BLOCK):
+                dst[d0 + U(j)] = t[U(j)]
+        return
     for i in range(cnt):
         d0 = row_start(rows, t0, i)
         s0 = U(i) * U(BLOCK)
@@ -476,18 +526,19 @@ def decode(out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand, 
         unpack(codes, s * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
         kap = np.float32(consts[11])
+        enfin = consts[7]
         if rows.size:
             # decoded into scratch, then put in place: ``out + value`` either way
             t = np.empty(TN, np.float32)
             decode_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, rand,
-                         U(rand[8]) + s * U(BLOCK), ub)
+                         U(rand[8]) + s * U(BLOCK), ub, enfin)
             store_rows(t, rows, t0, cnt, out, accumulate)
         elif accumulate:
             add_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
-                      U(rand[8]) + s * U(BLOCK), ub)
+                      U(rand[8]) + s * U(BLOCK), ub, enfin)
         else:
             decode_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
-                         U(rand[8]) + s * U(BLOCK), ub)
+                         U(rand[8]) + s * U(BLOCK), ub, enfin)
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
@@ -505,6 +556,7 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
     """
     gsize = consts[12]
     kap = np.float32(consts[11])
+    enfin = consts[7]
     for c in nb.prange((nblocks + TASK - 1) // TASK):
         t0, cnt = task_range(c, nblocks)
         n = cnt * BLOCK
@@ -520,7 +572,7 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
         unpack(ic, s * U(CBYTES), n, cb)
         group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
         add_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, irand,
-                  U(irand[8]) + s * U(BLOCK), ub)
+                  U(irand[8]) + s * U(BLOCK), ub, enfin)
         valid = np.int64(U(nvalid) - min(U(nvalid), a0))
         for j in range(min(valid, n), n):
             t[j] = np.float32(0.0)
@@ -532,7 +584,7 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
             # the normalised values' scratch, which the encode is done with
             group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
             decode_codes(cb, sv, cnt * GPB, gsize, y, U(0), tables[2], kap, rand,
-                         U(rand[8]) + s * U(BLOCK), ub)
+                         U(rand[8]) + s * U(BLOCK), ub, enfin)
             store_rows(y, rows, t0, cnt, acc, False)
 
 
@@ -569,6 +621,7 @@ def decode_keyed(out, nblocks, rows, codes, scales, supers, tables, consts, worl
     (overwritten), a dithered block regenerating its uniforms under its own keys."""
     gsize = consts[12]
     kap = np.float32(consts[11])
+    enfin = consts[7]
     for c in nb.prange((nblocks + TASK - 1) // TASK):
         t0, cnt = task_range(c, nblocks)
         sv = np.empty(TG, np.float32)
@@ -581,5 +634,5 @@ def decode_keyed(out, nblocks, rows, codes, scales, supers, tables, consts, worl
             b = t0 + U(i)
             r = block_rand(keys, b, world)
             decode_codes(cb[U(i) * U(BLOCK):], sv[U(i) * U(GPB):], GPB, gsize, t,
-                         U(i) * U(BLOCK), tables[2], kap, r, U(r[8]) + b * U(BLOCK), ub)
+                         U(i) * U(BLOCK), tables[2], kap, r, U(r[8]) + b * U(BLOCK), ub, enfin)
         store_rows(t, rows, t0, cnt, out, False)

@@ -32,7 +32,7 @@ from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, uniform
 __all__ = [
     "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "chain_bracket", "decode_scale",
     "draw_uniform", "element_code", "element_value", "encode_scale", "encode_scale_bucket",
-    "float_bracket", "load_word", "lut_bracket",
+    "float_bracket", "float_nearest", "level_value", "load_word", "lut_bracket",
     "round_bracket", "round_index", "search_bracket", "store_word", "uniform",
 ]
 
@@ -146,7 +146,9 @@ def chain_bracket(a, tab, nmag):
         here = tab[m]
         above = tab[m + 1]
         ge = a >= here
-        lo += np.uint32(ge)
+        # kept 32-bit: Numba types a sum of two uint32 as 64-bit, and the loop's vector lanes
+        # follow the widest type
+        lo = np.uint32(lo + np.uint32(ge))
         vlo = here if ge else vlo
         vhi = above if ge else vhi
     return lo, vlo, vhi
@@ -163,21 +165,48 @@ def float_bracket(a, mant, bias):
     are computed and one is selected, so the loop stays free of branches. Saturation at the
     last finite level is the caller's.
     """
+    # 32-bit integer arithmetic throughout (a 64-bit intermediate doubles the vector work)
     bits = np.float32(a).view(np.uint32)
     drop = np.uint32(23 - mant)
-    e = np.int64(bits >> np.uint32(23)) - 127 + bias
-    floor_bits = (bits >> drop) << drop
-    lo_n = (np.uint32(max(e, 0)) << np.uint32(mant)) | ((bits >> drop)
-                                                         & np.uint32((1 << mant) - 1))
-    vlo_n = np.uint32(floor_bits).view(np.float32)
-    vhi_n = np.uint32(floor_bits + (np.uint32(1) << drop)).view(np.float32)
+    ex = np.uint32(bits >> np.uint32(23))
+    # the grid's exponent e = ex - 127 + bias is >= 1 (normal) iff ex >= 128 - bias, and
+    # 127 - bias >= mant >= 0 for every grid the kernels take
+    normal = ex >= np.uint32(128 - bias)
+    floor_bits = np.uint32((bits >> drop) << drop)
+    lo_n = np.uint32(np.uint32(ex - np.uint32(127 - bias)) << np.uint32(mant)) | np.uint32(
+        (bits >> drop) & np.uint32((1 << mant) - 1))
+    vlo_n = floor_bits.view(np.float32)
+    vhi_n = np.uint32(floor_bits + np.uint32(np.uint32(1) << drop)).view(np.float32)
     unit = np.float32(2.0 ** (1 - bias - mant))
     q = np.uint32(min(a * np.float32(2.0 ** (bias - 1 + mant)), np.float32(1 << mant)))
     vlo_s = np.float32(q) * unit
-    vhi_s = np.float32(q + np.uint32(1)) * unit
-    normal = e >= 1
-    return (np.uint32(lo_n) if normal else np.uint32(q), vlo_n if normal else vlo_s,
-            vhi_n if normal else vhi_s)
+    vhi_s = np.float32(np.uint32(q + np.uint32(1))) * unit
+    return (lo_n if normal else q, vlo_n if normal else vlo_s, vhi_n if normal else vhi_s)
+
+
+@nb.njit(inline="always", cache=True)
+def float_nearest(a, mant, bias):
+    """Index of the level of a minifloat grid (as :func:`float_bracket`) nearest to ``a >= 0``,
+    ties to the even index, before saturation at the last finite level (the caller's minimum).
+
+    In the normal range the float32 pattern is rounded at the grid's last mantissa bit by an
+    integer addition (half a unit less one, plus the kept index's parity, so that a tie carries
+    exactly when that index is odd; a carry into the exponent is the next binade's first
+    level), and the index is the rounded pattern shifted, less the exponent offset. In the
+    subnormal range it is ``rint`` of the value in units of the grid's smallest step. Both are
+    exact, so this is the bracket's nearest rounding in a third of the operations.
+    """
+    bits = np.float32(a).view(np.uint32)
+    drop = 23 - mant
+    # the index's parity is the pattern's bit `drop`, and also the exponent offset's parity
+    # when the grid has no mantissa bits
+    flip = (127 - bias) & 1 if mant == 0 else 0
+    odd = np.uint32(np.uint32(np.uint32(bits >> np.uint32(drop)) & np.uint32(1)) ^ np.uint32(flip))
+    r = np.uint32(np.uint32(bits + np.uint32((1 << (drop - 1)) - 1)) + odd)
+    lo_n = np.uint32(np.uint32(r >> np.uint32(drop)) - np.uint32((127 - bias) << mant))
+    q = np.uint32(np.rint(min(a * np.float32(2.0 ** (bias - 1 + mant)), np.float32(1 << mant))))
+    normal = np.uint32(bits >> np.uint32(23)) >= np.uint32(128 - bias)
+    return lo_n if normal else q
 
 
 @nb.njit(inline="always", cache=True)
@@ -205,40 +234,77 @@ def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, man
         u = np.float32(1.0) - u if sign != 0 else u
     a = abs(y)
     if family == 0:
-        lo = lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin)
-        m = round_bracket(a, lo, etab, enfin, NEAREST if emode == NEAREST else STOCHASTIC, u)
+        # every branch's integers are uint32: Numba unifies a variable's type over all its
+        # assignments (the pruned branches' too), and one uint64 widens every vector lane
+        lo = np.uint32(lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin))
+        m = np.uint32(round_bracket(a, lo, etab, enfin,
+                                    NEAREST if emode == NEAREST else STOCHASTIC, u))
     else:
         top = np.uint32(enfin - 1)
         vtop = etab[enfin - 1]
-        if family == 1:
+        if family == 1 and emode == NEAREST:
+            # a level no less than vtop's index codes the top level (see below)
+            lo = float_nearest(a, mant, bias)
+            vlo = vhi = np.float32(0.0)
+        elif family == 1:
             lo, vlo, vhi = float_bracket(a, mant, bias)
         elif family == 2:
             lo = np.uint32(min(a, vtop))
             vlo = np.float32(lo)
-            vhi = np.float32(lo + np.uint32(1))
+            vhi = np.float32(np.uint32(lo + np.uint32(1)))
         else:
             lo, vlo, vhi = chain_bracket(a, etab, 1 << mbits)
-        sat = lo >= top
-        lo = top if sat else lo
-        vlo = vtop if sat else vlo
-        if emode == NEAREST:
+        # Saturation: every family's floor index reaches the top level exactly when a does,
+        # and a value at or above it codes the top level whichever way it rounds, so the
+        # rounding may use the unclamped bracket and clamp the index last (a minimum of two
+        # uint32, which keeps the vector lanes 32-bit where compares and selects of Numba's
+        # integers do not).
+        if family == 1 and emode == NEAREST:
+            up = False
+        elif emode == NEAREST:
             dlo = a - vlo
             dhi = vhi - a
-            up = (dhi < dlo) | ((dhi == dlo) & ((lo & np.uint32(1)) == np.uint32(1)))
+            up = (dhi < dlo) | ((dhi == dlo) & np.bool_(lo & np.uint32(1)))
         else:
             up = u * (vhi - vlo) < a - vlo
-        m = lo + np.uint32(up & (lo < top))
+        m = min(np.uint32(lo + np.uint32(up)), top)
     if midrise and emode != NEAREST:
         # below the first level every bracket above gives code 0 (never "up"); round across
         # zero instead: the far side -etab[0] when u * 2 etab[0] >= a + etab[0]
         t0 = etab[0]
         cross = (a < t0) & (u * (t0 + t0) >= a + t0)
-        sign = sign ^ np.uint32(cross)
-    return np.uint32(m) | (sign << np.uint32(mbits))
+        sign = np.uint32(sign ^ np.uint32(cross))
+    return np.uint32(np.uint32(m) | np.uint32(sign << np.uint32(mbits)))
 
 
 @nb.njit(inline="always", cache=True)
-def element_value(c, edec, mbits, s, dither, kap, u, midrise=False):
+def level_value(mag, edec, family, mant, bias):
+    """Magnitude level ``edec[mag]`` of a code whose magnitude ``mag`` (uint32) is below the
+    table's finite count.
+
+    ``family``, ``mant``, ``bias`` (literals, :func:`element_code`) give it without a table
+    load where the grid allows, which keeps decode loops vectorised (LLVM does not turn table
+    loads into gathers on every target, and a scalar load per element costs several times the
+    arithmetic): a minifloat level is its code placed in a float32 bit pattern (exponent field
+    ``e``, mantissa bits on top) times ``2**(127 - bias)``, exact for the subnormal codes too
+    (the pattern is then a float32 subnormal with the same mantissa); an integer level is the
+    code itself. Codes at or beyond the finite count must be decoded from the table.
+    """
+    if family == 1:
+        pattern = np.uint32(mag << np.uint32(23 - mant)).view(np.float32)
+        # 127 - bias lies in [mant, 150]: one factor of at most 2**127, a second when needed
+        hi = min(127 - bias, 127)
+        v = pattern * np.float32(2.0 ** hi)
+        if hi < 127 - bias:
+            v = v * np.float32(2.0 ** (127 - bias - hi))
+        return v
+    if family == 2:
+        return np.float32(mag)
+    return edec[mag]
+
+
+@nb.njit(inline="always", cache=True)
+def element_value(c, edec, mbits, s, dither, kap, u, midrise=False, family=0, mant=0, bias=0):
     """Decoded value of element code ``c`` under group scale ``s``.
 
     With ``dither``, the magnitude is ``edec[mag] + kap * (u - 1/2)`` where ``u`` is the uniform
@@ -250,22 +316,28 @@ def element_value(c, edec, mbits, s, dither, kap, u, midrise=False):
     ``midrise`` (a literal, :func:`element_code`): a negative code's dither uses ``1 - u``, so
     the correction is ``kap * (u - 1/2)`` on the signed value, whichever way the sign went.
 
+    ``family``, ``mant``, ``bias`` (literals): how :func:`level_value` finds the level; with a
+    family other than the table's (0) the code's magnitude must be below the table's finite
+    count (the caller decodes the others through the table).
+
     A finite level times a finite scale saturates at ``±FLT_MAX`` instead of overflowing: the
     scale of a group near float32's top, rounded up, would otherwise turn its largest element
     into Inf. A NaN scale (a flagged group) stays NaN.
     """
-    m = edec[np.uint32(c) & np.uint32((1 << mbits) - 1)]
+    m = level_value(np.uint32(c) & np.uint32((1 << mbits) - 1), edec, family, mant, bias)
     if dither:
         if midrise:
             neg = ((np.uint32(c) >> np.uint32(mbits)) & np.uint32(1)) != np.uint32(0)
             u = np.float32(1.0) - u if neg else u
         m = m + kap * (u - np.float32(0.5))
-    v = m * s
-    v = FLT_MAX if v > FLT_MAX else v
-    v = -FLT_MAX if v < -FLT_MAX else v
+    # saturation on the bit pattern: an infinite product (and only that) becomes the largest
+    # finite float32 of its sign, one below in the integer order; no compare of floats, so
+    # element loops keep no branch and vectorise
+    b = np.float32(m * s).view(np.uint32)
+    b = b - np.uint32((b & np.uint32(0x7FFFFFFF)) == np.uint32(0x7F800000))
     # the sign by flipping the sign bit (what negation does, NaN included): no branch
     flip = ((np.uint32(c) >> np.uint32(mbits)) & np.uint32(1)) << np.uint32(31)
-    return np.uint32(np.float32(v).view(np.uint32) ^ flip).view(np.float32)
+    return np.uint32(b ^ flip).view(np.float32)
 
 
 @nb.njit(inline="always", cache=True)
@@ -322,5 +394,7 @@ def absmax(src, start, count):
     """
     m = np.uint32(0)
     for i in range(count):
-        m = max(m, np.float32(src[start + np.uint64(i)]).view(np.uint32) & np.uint32(0x7FFFFFFF))
+        # uint32 on both sides: Numba types the mask's result as 64-bit, which halves the lanes
+        m = max(m, np.uint32(np.float32(src[start + np.uint64(i)]).view(np.uint32)
+                             & np.uint32(0x7FFFFFFF)))
     return np.uint32(m).view(np.float32), m >= np.uint32(0x7F800000)

@@ -12,39 +12,45 @@ import numpy as np
 
 from dynamiq.rng import GOLDEN, MASK32
 
-_HI_MUL = np.uint64(0x85EBCA77)
-_M1 = np.uint64(0x85EBCA6B)
-_M2 = np.uint64(0xC2B2AE35)
-_MASK = np.uint64(MASK32)
-_GOLD = np.uint64(GOLDEN)
+_HI_MUL = np.uint32(0x85EBCA77)
+_M1 = np.uint32(0x85EBCA6B)
+_M2 = np.uint32(0xC2B2AE35)
+_GOLD = np.uint32(GOLDEN)
+U32 = np.uint32
+
+# The arithmetic is modulo 2**32 and held in uint32 throughout: every product and sum is cast
+# back to uint32 at once (Numba types them 64-bit), so that element loops which draw uniforms
+# vectorise with 32-bit lanes and 32-bit multiplies, twice the lanes of 64-bit ones and far
+# cheaper than 64-bit vector multiplies. The values are those of dynamiq.rng, which masks
+# 64-bit products to 32 bits.
 
 
 @nb.njit(cache=True)
 def fmix32(h):
-    h = np.uint64(h) & _MASK
-    h ^= h >> np.uint64(16)
-    h = (h * _M1) & _MASK
-    h ^= h >> np.uint64(13)
-    h = (h * _M2) & _MASK
-    h ^= h >> np.uint64(16)
-    return h
+    h = U32(h)
+    h = U32(h ^ (h >> U32(16)))
+    h = U32(h * _M1)
+    h = U32(h ^ (h >> U32(13)))
+    h = U32(h * _M2)
+    return U32(h ^ (h >> U32(16)))
 
 
 @nb.njit(cache=True)
 def hash_u32(k0, k1, index):
     """uint32 hash (held in a uint64) of ``index`` under key ``(k0, k1)``."""
     idx = np.uint64(index)
-    lo = idx & _MASK
-    hi = idx >> np.uint64(32)
-    h = fmix32((lo * _GOLD + np.uint64(k0)) & _MASK)
-    return fmix32(h ^ np.uint64(k1) ^ ((hi * _HI_MUL) & _MASK))
+    lo = U32(idx & np.uint64(MASK32))
+    hi = U32(idx >> np.uint64(32))
+    h = fmix32(U32(U32(lo * _GOLD) + U32(np.uint64(k0) & np.uint64(MASK32))))
+    h = U32(h ^ U32(np.uint64(k1) & np.uint64(MASK32)) ^ U32(hi * _HI_MUL))
+    return np.uint64(fmix32(h))
 
 
 @nb.njit(cache=True)
 def uniform(k0, k1, index):
     """float32 in [0, 1) with 24 random bits."""
-    h = hash_u32(k0, k1, index)
-    return np.float32(h >> np.uint64(8)) * np.float32(5.9604644775390625e-08)
+    h = U32(hash_u32(k0, k1, index))
+    return np.float32(U32(h >> U32(8))) * np.float32(5.9604644775390625e-08)
 
 
 @nb.njit(cache=True)
@@ -75,12 +81,13 @@ def stratum_pow2(h, rank, world):
     first step, and ``log2(world)`` is the float32 exponent of ``world``: the same result, in
     code an element loop can vectorise.
     """
-    w = np.uint64(world)
-    k = np.uint64((np.float32(world).view(np.uint32) >> np.uint32(23)) - np.uint32(127))
-    m = w - np.uint64(1)
-    s = (k + np.uint64(1)) >> np.uint64(1)
-    hh = np.uint64(h)
-    a = (hh & m) | np.uint64(1)
-    b = (hh >> np.uint64(16)) & m
-    y = (a * np.uint64(rank) + b) & m
-    return y ^ (y >> s)
+    # 32-bit (see the note above): m < 2**32, so the product is only needed modulo 2**32
+    w = U32(world)
+    k = U32(U32(np.float32(world).view(np.uint32) >> U32(23)) - U32(127))
+    m = U32(w - U32(1))
+    s = U32(U32(k + U32(1)) >> U32(1))
+    hh = U32(h)
+    a = U32(U32(hh & m) | U32(1))
+    b = U32(U32(hh >> U32(16)) & m)
+    y = U32(U32(U32(a * U32(rank)) + b) & m)
+    return np.uint64(U32(y ^ U32(y >> s)))
