@@ -93,8 +93,11 @@ WORDS = PACK * BITS <= 64 and BLOCK % PACK == 0
 CODE_T = np.uint8 if BITS <= 8 else np.uint16
 MMASK = U((1 << BITS) - 1)
 MMAG = (1 << MBITS) - 1  # magnitude bits of a code
-# whether levels are decoded by arithmetic (minifloat and integer grids, see level_value)
-ARITH = EFAM in (1, 2)
+# how levels are decoded (see level_value): the element search's family but for the bucket
+# lookup's (0), which decodes by table load; and whether that decoding holds for the finite
+# codes only (minifloat and integer arithmetic), so that the others need a fix-up pass
+DFAM = EFAM if EFAM in (1, 2, 3) else 0
+FIXUP = DFAM in (1, 2)
 CBYTES = BLOCK * BITS // 8  # code bytes per block
 # whether encoding draws its uniforms in a loop of their own (see code_elements), and the
 # scratch the uniforms of a task need (one element when nothing uses it)
@@ -210,45 +213,39 @@ def group_value(cb, j, s, edec, kap, ub, family):
 
 
 @nb.njit(inline="always", cache=True)
+def put(dst, i, v, add):
+    """``dst[i] = v``, or ``dst[i] += v`` when ``add`` (a literal)."""
+    if add:
+        dst[i] += v
+    else:
+        dst[i] = v
+
+
+@nb.njit(inline="always", cache=True)
 def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
     """``dst[d0 + j] = decode(cb[j])`` (``+=`` when ``add``, a literal) for the group at
     ``base`` (``ub``: the uniforms).
 
-    A grid with an arithmetic level (``ARITH``) is decoded without table loads, in a loop that
-    vectorises; the codes beyond the finite levels, which no encoder writes, are then decoded
-    through the table in a second loop, only in a group that has one (an element's lane adds
-    -0 in the first, which leaves every value unchanged). Other grids are decoded by a table
-    load per element, which stays scalar.
+    Levels come from ``level_value`` with the decode family ``DFAM``. An arithmetic one
+    (minifloat and integer grids, ``FIXUP``) holds for the finite codes only: the codes beyond
+    them, which no encoder writes, add -0 in the vectorised loop (which leaves every value
+    unchanged) and are decoded through the table in a second loop, run only in a group that
+    has one.
     """
-    if not ARITH:
-        for k in range(gsize):
-            j = base + U(k)
-            v = group_value(cb, j, s, edec, kap, ub, 0)
-            if add:
-                dst[d0 + j] += v
-            else:
-                dst[d0 + j] = v
-        return
     top = np.uint32(0)
     for k in range(gsize):
         j = base + U(k)
-        mag = np.uint32(cb[j]) & np.uint32(MMAG)
-        top = max(top, mag)
-        v = group_value(cb, j, s, edec, kap, ub, EFAM)
-        v = v if mag < np.uint32(enfin) else np.float32(-0.0)
-        if add:
-            dst[d0 + j] += v
-        else:
-            dst[d0 + j] = v
-    if top >= np.uint32(enfin):
+        v = group_value(cb, j, s, edec, kap, ub, DFAM)
+        if FIXUP:
+            mag = np.uint32(np.uint32(cb[j]) & np.uint32(MMAG))
+            top = max(top, mag)
+            v = v if mag < np.uint32(enfin) else np.float32(-0.0)
+        put(dst, d0 + j, v, add)
+    if FIXUP and top >= np.uint32(enfin):
         for k in range(gsize):
             j = base + U(k)
             if (np.uint32(cb[j]) & np.uint32(MMAG)) >= np.uint32(enfin):
-                v = group_value(cb, j, s, edec, kap, ub, 0)
-                if add:
-                    dst[d0 + j] += v
-                else:
-                    dst[d0 + j] = v
+                put(dst, d0 + j, group_value(cb, j, s, edec, kap, ub, 0), add)
 
 
 @nb.njit(inline="always", cache=True)

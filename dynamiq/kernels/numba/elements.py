@@ -123,8 +123,10 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx, pow2=False):
         return g
     if pow2:
         slot = stratum_pow2(hash_u32(p0, p1, gidx), rank, world)
-    else:
-        slot = stratum(hash_u32(p0, p1, gidx), rank, world)
+        # dividing by a power of two is multiplying by its exact inverse (no quotient here is
+        # small enough to be subnormal), which costs a fraction of a vector division
+        return (np.float32(slot) + g) * (np.float32(1.0) / np.float32(world))
+    slot = stratum(hash_u32(p0, p1, gidx), rank, world)
     return (np.float32(slot) + g) / np.float32(world)
 
 
@@ -278,18 +280,35 @@ def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, man
 
 
 @nb.njit(inline="always", cache=True)
-def level_value(mag, edec, family, mant, bias):
-    """Magnitude level ``edec[mag]`` of a code whose magnitude ``mag`` (uint32) is below the
-    table's finite count.
+def level_value(mag, edec, family, mant, bias, mbits):
+    """Magnitude level ``edec[mag]`` of the magnitude code ``mag`` (uint32).
 
-    ``family``, ``mant``, ``bias`` (literals, :func:`element_code`) give it without a table
-    load where the grid allows, which keeps decode loops vectorised (LLVM does not turn table
-    loads into gathers on every target, and a scalar load per element costs several times the
-    arithmetic): a minifloat level is its code placed in a float32 bit pattern (exponent field
-    ``e``, mantissa bits on top) times ``2**(127 - bias)``, exact for the subnormal codes too
-    (the pattern is then a float32 subnormal with the same mantissa); an integer level is the
-    code itself. Codes at or beyond the finite count must be decoded from the table.
+    ``family``, ``mant``, ``bias``, ``mbits`` (literals, :func:`element_code`) give it without
+    a per-element table load where the grid allows, which keeps decode loops vectorised (LLVM
+    does not turn table loads into gathers on every target, and a scalar load per element
+    costs several times the arithmetic):
+
+    * a minifloat level (family 1) is its code placed in a float32 bit pattern (exponent
+      field ``e``, mantissa bits on top) times ``2**(127 - bias)``, exact for the subnormal
+      codes too (the pattern is then a float32 subnormal with the same mantissa);
+    * an integer level (family 2) is the code itself;
+    * a small table (family 3: ``2**mbits`` entries, at most
+      :data:`~dynamiq.kernels.tables.CHAIN_LEVELS`) is read through a chain of selects, one
+      per entry, each between a table entry and the previous select: the loads are
+      unconditional and loop-invariant, so LLVM hoists them out of the element loop and the
+      chain runs in vector lanes. Every code, the non-finite ones included, gets its table
+      value.
+
+    Families 1 and 2 hold for the finite codes only: those at or beyond the finite count must
+    be decoded from the table.
     """
+    if family == 3:
+        v = edec[0]
+        for m in range(1, 1 << mbits):
+            # loaded unconditionally: a load in the select's branch would be a masked gather
+            here = edec[m]
+            v = here if mag >= np.uint32(m) else v
+        return v
     if family == 1:
         pattern = np.uint32(mag << np.uint32(23 - mant)).view(np.float32)
         # 127 - bias lies in [mant, 150]: one factor of at most 2**127, a second when needed
@@ -316,27 +335,32 @@ def element_value(c, edec, mbits, s, dither, kap, u, midrise=False, family=0, ma
     ``midrise`` (a literal, :func:`element_code`): a negative code's dither uses ``1 - u``, so
     the correction is ``kap * (u - 1/2)`` on the signed value, whichever way the sign went.
 
-    ``family``, ``mant``, ``bias`` (literals): how :func:`level_value` finds the level; with a
-    family other than the table's (0) the code's magnitude must be below the table's finite
-    count (the caller decodes the others through the table).
+    ``family``, ``mant``, ``bias`` (literals): how :func:`level_value` finds the level; with
+    family 1 or 2 the code's magnitude must be below the table's finite count (the caller
+    decodes the others through the table).
 
     A finite level times a finite scale saturates at ``±FLT_MAX`` instead of overflowing: the
     scale of a group near float32's top, rounded up, would otherwise turn its largest element
     into Inf. A NaN scale (a flagged group) stays NaN.
     """
-    m = level_value(np.uint32(c) & np.uint32((1 << mbits) - 1), edec, family, mant, bias)
+    # every integer kept 32-bit: Numba types the result of two uint32 as 64-bit, and the
+    # loop's vector lanes follow the widest type
+    cu = np.uint32(c)
+    neg = np.uint32(np.uint32(cu >> np.uint32(mbits)) & np.uint32(1))
+    m = level_value(np.uint32(cu & np.uint32((1 << mbits) - 1)), edec, family, mant, bias,
+                    mbits)
     if dither:
         if midrise:
-            neg = ((np.uint32(c) >> np.uint32(mbits)) & np.uint32(1)) != np.uint32(0)
-            u = np.float32(1.0) - u if neg else u
+            u = np.float32(1.0) - u if neg != np.uint32(0) else u
         m = m + kap * (u - np.float32(0.5))
     # saturation on the bit pattern: an infinite product (and only that) becomes the largest
     # finite float32 of its sign, one below in the integer order; no compare of floats, so
     # element loops keep no branch and vectorise
     b = np.float32(m * s).view(np.uint32)
-    b = b - np.uint32((b & np.uint32(0x7FFFFFFF)) == np.uint32(0x7F800000))
+    inf = np.uint32(np.uint32(b & np.uint32(0x7FFFFFFF)) == np.uint32(0x7F800000))
+    b = np.uint32(b - inf)
     # the sign by flipping the sign bit (what negation does, NaN included): no branch
-    flip = ((np.uint32(c) >> np.uint32(mbits)) & np.uint32(1)) << np.uint32(31)
+    flip = np.uint32(neg << np.uint32(31))
     return np.uint32(b ^ flip).view(np.float32)
 
 

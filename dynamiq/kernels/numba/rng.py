@@ -75,7 +75,7 @@ def stratum(h, rank, world):
 
 @nb.njit(cache=True)
 def stratum_pow2(h, rank, world):
-    """:func:`stratum` for a power-of-two ``world``, without loops.
+    """:func:`stratum` for a power-of-two ``world``, without loops (uint32 result).
 
     Then the permutation's domain is exactly ``[0, world)``, so the cycle walk ends after its
     first step, and ``log2(world)`` is the float32 exponent of ``world``: the same result, in
@@ -90,4 +90,5 @@ def stratum_pow2(h, rank, world):
     a = U32(U32(hh & m) | U32(1))
     b = U32(U32(hh >> U32(16)) & m)
     y = U32(U32(U32(a * U32(rank)) + b) & m)
-    return np.uint64(U32(y ^ U32(y >> s)))
+    # uint32, not uint64 like stratum: a 64-bit result would widen the caller's vector lanes
+    return U32(y ^ U32(y >> s))
