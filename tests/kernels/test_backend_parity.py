@@ -81,11 +81,12 @@ def _check_awkward_blocks(q, backend: str, what: str) -> None:
                 q.decode(want, backend="reference", **KEYS), f"{what} decode (awkward blocks)")
 
 
-@pytest.mark.parametrize("name", ["mxfp8", "mxfp8_e5m2", "mxfp4", "int8_sr", "int4_sr"])
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp8_e5m2", "mxfp4", "int8_sr", "int4_sr",
+                                  "dq4_hier", "dq4_dither"])
 def test_every_element_code_decodes_as_the_reference(name):
     # Numba decodes minifloat and integer grids by arithmetic, and the codes no encoder writes
-    # (a minifloat's NaN and Inf codes) through the table: every byte value, in a decode and
-    # in a decode that accumulates
+    # (a minifloat's NaN and Inf codes) through the table; small tables (dq4) through a chain
+    # of selects: every byte value, in a decode and in a decode that accumulates
     q = QUANTIZERS[name]
     n = 4096
     p = q.encode(vector(n, 3, specials=False), backend="reference", **KEYS)

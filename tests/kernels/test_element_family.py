@@ -15,6 +15,7 @@ import pytest
 from dynamiq.formats import EpsilonFormat, FloatFormat, IntFormat
 from dynamiq.kernels.abi import Rounding
 from dynamiq.kernels.numba.elements import draw_uniform, element_code
+from dynamiq.kernels.numba.levels import halving_levels
 from dynamiq.kernels.tables import (
     FAMILY_CHAIN,
     FAMILY_FLOAT,
@@ -32,10 +33,12 @@ FORMATS = [
     (FloatFormat(4, 3, subnormals=False), FAMILY_TABLE),
     (IntFormat(4), FAMILY_INT),
     (IntFormat(8), FAMILY_INT),
-    (IntFormat(4, normalized=True), FAMILY_CHAIN),
+    (IntFormat(4, normalized=True), FAMILY_CHAIN),  # 8 levels: the halving search
+    (IntFormat(3, normalized=True), FAMILY_CHAIN),  # 4 levels: the compare chain
     (IntFormat(8, normalized=True), FAMILY_TABLE),
     (EpsilonFormat(4, 0.19), FAMILY_CHAIN),
-    (EpsilonFormat(5, 0.19), FAMILY_CHAIN),
+    (EpsilonFormat(5, 0.19), FAMILY_CHAIN),  # 16 levels: the halving search
+    (EpsilonFormat(3, 0.19), FAMILY_CHAIN),
     (EpsilonFormat(8, 0.09), FAMILY_TABLE),
 ]
 
@@ -51,14 +54,27 @@ def _probe(mags: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([m, up, down, mid, tiny, big]).astype(np.float32))
 
 
-@nb.njit(cache=False)
-def _codes(y, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias, emode, u0, out):
-    for i in range(y.size):
-        # emode NEAREST ignores the uniform; STOCHASTIC rounds with it (the same for every
-        # family)
-        u = draw_uniform(emode, u0, 7, 0, 0, 0, 1, i, False)
-        out[i] = element_code(y[i], u, etab, enfin, lut, lshift, lkey0, llen, mbits, family,
-                              mant, bias, emode)
+_KERNELS: dict = {}
+
+
+def _codes_for(mbits: int):
+    """A loop of ``element_code`` over ``y`` with ``mbits`` a literal (the kernels compile it
+    as one: the 8- and 16-level searches read a tuple of table entries loaded before the
+    loop, whose length follows from it)."""
+    fn = _KERNELS.get(mbits)
+    if fn is None:
+        @nb.njit(cache=False)
+        def fn(y, etab, enfin, lut, lshift, lkey0, llen, family, mant, bias, emode, u0, out):
+            levels = halving_levels(etab, mbits)
+            for i in range(y.size):
+                # emode NEAREST ignores the uniform; STOCHASTIC rounds with it (the same for
+                # every family)
+                u = draw_uniform(emode, u0, 7, 0, 0, 0, 1, i, False)
+                out[i] = element_code(y[i], u, etab, enfin, lut, lshift, lkey0, llen, mbits,
+                                      family, mant, bias, emode, False, levels)
+
+        _KERNELS[mbits] = fn
+    return fn
 
 
 def _run(fmt, family: int, emode: int, y: np.ndarray) -> np.ndarray:
@@ -67,8 +83,8 @@ def _run(fmt, family: int, emode: int, y: np.ndarray) -> np.ndarray:
     etab = np.concatenate([t.search, np.full(max(0, need - t.search.size), np.inf, np.float32)])
     _, mant, bias = element_family(t.search[: t.nfin], fmt.magnitude_bits)
     out = np.empty(y.size, np.uint32)
-    _codes(y, etab, t.nfin, t.lut, t.lshift, t.lkey0, len(t.lut), fmt.magnitude_bits, family,
-           mant, bias, emode, 12345, out)
+    _codes_for(fmt.magnitude_bits)(y, etab, t.nfin, t.lut, t.lshift, t.lkey0, len(t.lut),
+                                   family, mant, bias, emode, 12345, out)
     return out
 
 

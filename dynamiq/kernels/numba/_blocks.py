@@ -55,6 +55,7 @@ from dynamiq.kernels.numba.elements import (
     element_value,
     encode_scale,
     encode_scale_bucket,
+    halving_levels,
     load_word,
     store_word,
     uniform,
@@ -365,13 +366,14 @@ def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
     etab, lut = tables[0], tables[1]
     enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    lv = halving_levels(etab, MBITS)
     for j in range(n):
         ju = U(j)
         u = np.float32(0.0)
         if EMODE != NEAREST:
             u = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + ju, pow2)
         cb[ju] = CODE_T(element_code(y[ju], u, etab, enfin, lut, lshift, lkey0, llen, MBITS,
-                                     EFAM, EMANT, EBIAS, EMODE, MIDRISE))
+                                     EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
 
 
 @nb.njit(inline="always", cache=True)
@@ -379,10 +381,11 @@ def code_drawn(y, n, cb, tables, consts, ub):
     """As :func:`code_loop`, with the uniforms read from ``ub``."""
     etab, lut = tables[0], tables[1]
     enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
+    lv = halving_levels(etab, MBITS)
     for j in range(n):
         ju = U(j)
         cb[ju] = CODE_T(element_code(y[ju], ub[ju], etab, enfin, lut, lshift, lkey0, llen,
-                                     MBITS, EFAM, EMANT, EBIAS, EMODE, MIDRISE))
+                                     MBITS, EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
 
 
 @nb.njit(inline="always", cache=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from dynamiq.rng import GOLDEN, MASK32
+from dynamiq.rng import GOLDEN
 
 _HI_MUL = np.uint32(0x85EBCA77)
 _M1 = np.uint32(0x85EBCA6B)
@@ -37,13 +37,14 @@ def fmix32(h):
 
 @nb.njit(cache=True)
 def hash_u32(k0, k1, index):
-    """uint32 hash (held in a uint64) of ``index`` under key ``(k0, k1)``."""
+    """uint32 hash of ``index`` under key ``(k0, k1)``."""
     idx = np.uint64(index)
-    lo = U32(idx & np.uint64(MASK32))
+    # the casts to uint32 keep the low 32 bits (the masks of dynamiq.rng)
+    lo = U32(idx)
     hi = U32(idx >> np.uint64(32))
-    h = fmix32(U32(U32(lo * _GOLD) + U32(np.uint64(k0) & np.uint64(MASK32))))
-    h = U32(h ^ U32(np.uint64(k1) & np.uint64(MASK32)) ^ U32(hi * _HI_MUL))
-    return np.uint64(fmix32(h))
+    h = fmix32(U32(U32(lo * _GOLD) + U32(np.uint64(k0))))
+    h = U32(U32(h ^ U32(np.uint64(k1))) ^ U32(hi * _HI_MUL))
+    return fmix32(h)
 
 
 @nb.njit(cache=True)
@@ -91,4 +92,4 @@ def stratum_pow2(h, rank, world):
     b = U32(U32(hh >> U32(16)) & m)
     y = U32(U32(U32(a * U32(rank)) + b) & m)
     # uint32, not uint64 like stratum: a 64-bit result would widen the caller's vector lanes
-    return U32(y ^ U32(y >> s))
+    return U32(y ^ U32(y >> U32(s & U32(31))))
