@@ -29,6 +29,9 @@ import numpy as np
 
 from dynamiq.kernels.abi import FLT_MAX, KIND_FP32, KIND_TABLE, Rounding
 from dynamiq.kernels.numba.levels import (
+    NEAREST,
+    STOCHASTIC,
+    UP,
     chain_bracket,
     float_bracket,
     float_nearest,
@@ -43,16 +46,12 @@ from dynamiq.kernels.numba.levels import (
 from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, uniform
 
 __all__ = [
-    "FLT_MAX", "KIND_FP32", "KIND_TABLE", "absmax", "decode_scale", "draw_uniform",
-    "element_code", "element_value", "encode_scale", "encode_scale_bucket", "halving_levels",
-    "load_word", "store_word", "uniform",
+    "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
+    "decode_scale", "draw_uniform", "element_code", "element_value", "encode_scale",
+    "encode_scale_bucket", "halving_levels", "load_word", "store_word", "uniform",
 ]
 
 # plain ints, which Numba compiles as constants
-NEAREST = int(Rounding.NEAREST)
-STOCHASTIC = int(Rounding.STOCHASTIC)
-UP = int(Rounding.UP)
-DOWN = int(Rounding.DOWN)
 CORRELATED = int(Rounding.CORRELATED)
 
 
