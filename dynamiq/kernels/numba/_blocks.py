@@ -29,7 +29,10 @@ What keeps these loops vectorised (checked in the generated code):
 * per-group loops run to a runtime trip count (``consts[12]``, the group size), so LLVM
   vectorises them instead of unrolling them into scalar code;
 * element levels are found by arithmetic (minifloat and integer grids) or by compares (at
-  most 16 levels) rather than by table gathers, whenever the format allows it.
+  most 16 levels) rather than by table gathers, whenever the format allows it;
+* the passes below are ``forceinline`` functions, inlined by LLVM into the parallel loop (where
+  the ``noalias`` arrays are visible), not by Numba's IR inlining, which re-types a pass at every
+  call site and made cold compiles about 2.5 times slower.
 
 Runtime arguments (see :mod:`dynamiq.kernels.numba.blocks`): ``tables``, ``consts``, ``rand``
 tuples; byte streams ``codes``, ``scales``, ``supers``.
@@ -109,7 +112,7 @@ TINY = np.float32(2.0**-64)  # normalisers below this are lifted before inversio
 LIFT = np.float32(2.0**64)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def pack(cb, n, codes, c0):
     """Pack the codes ``cb[:n]`` into ``codes[c0:]`` (``n`` whole blocks)."""
     if PACK == 1 and BITS == 8:
@@ -137,7 +140,7 @@ def pack(cb, n, codes, c0):
                 pos += U(1)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def unpack(codes, c0, n, cb):
     """Inverse of :func:`pack`: the ``n`` codes at ``codes[c0:]`` into ``cb[:n]``."""
     if PACK == 1 and BITS == 8:
@@ -165,7 +168,7 @@ def unpack(codes, c0, n, cb):
             nacc -= BITS
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
     """Decoded scale of every group of stream blocks ``b0 .. b0+nb_`` into ``sv``."""
     for i in range(nb_):
@@ -179,7 +182,7 @@ def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
             sv[i * GPB + gi] = parent * s if HIER else s
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def draw_loop(n, rand, gidx0, ub, pow2):
     """``ub[j]`` = the uniform that element ``gidx0 + j`` is rounded with, ``j < n`` (``pow2``:
     a literal, see ``draw_uniform``)."""
@@ -189,7 +192,7 @@ def draw_loop(n, rand, gidx0, ub, pow2):
                               gidx0 + ju, pow2)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def draw_uniforms(n, rand, gidx0, ub):
     """The uniforms of ``n`` elements into ``ub``, in a loop of their own.
 
@@ -206,14 +209,14 @@ def draw_uniforms(n, rand, gidx0, ub):
     draw_loop(n, rand, gidx0, ub, False)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def group_value(cb, j, s, edec, kap, ub, family):
     """Decoded value of element ``j`` (``family``: a literal, see ``level_value``)."""
     u = ub[j] if DITHER else np.float32(0.0)
     return element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE, family, EMANT, EBIAS)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def put(dst, i, v, add):
     """``dst[i] = v``, or ``dst[i] += v`` when ``add`` (a literal)."""
     if add:
@@ -222,7 +225,7 @@ def put(dst, i, v, add):
         dst[i] = v
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
     """``dst[d0 + j] = decode(cb[j])`` (``+=`` when ``add``, a literal) for the group at
     ``base`` (``ub``: the uniforms).
@@ -249,7 +252,7 @@ def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
                 put(dst, d0 + j, group_value(cb, j, s, edec, kap, ub, 0), add)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
     """``dst[d0:d0 + ng*gsize] = decode(cb)`` under the group scales ``sv[:ng]``.
 
@@ -262,7 +265,7 @@ def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
         group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, enfin, False)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
     """As :func:`decode_codes`, adding to ``dst``."""
     if DITHER:
@@ -271,7 +274,7 @@ def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
         group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, enfin, True)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gbad, pv, pbad,
                 ginv, gpre, gkeep):
     """Scales of the ``cnt`` blocks at ``src[s0:]`` (stream blocks ``b0 ..``), and how to
@@ -341,7 +344,7 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gb
         gkeep[g] = np.uint8(flags == 0)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y, dead):
     """``y[j] = (src[s0 + j] * gpre) * ginv`` of each element's group, or ``dead`` unless kept.
 
@@ -359,7 +362,7 @@ def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y, dead):
             y[base + U(k)] = v if keep != 0 else dead
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
     """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n``, each uniform drawn here
     (``pow2``: a literal)."""
@@ -376,7 +379,7 @@ def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
                                      EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def code_drawn(y, n, cb, tables, consts, ub):
     """As :func:`code_loop`, with the uniforms read from ``ub``."""
     etab, lut = tables[0], tables[1]
@@ -388,7 +391,7 @@ def code_drawn(y, n, cb, tables, consts, ub):
                                      MBITS, EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def code_elements(y, n, cb, tables, consts, rand, gidx0, ub):
     """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n`` (``ub``: scratch).
 
@@ -409,7 +412,7 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0, ub):
     code_loop(y, n, cb, tables, consts, rand, gidx0, False)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w, y, cb):
     """Encode the ``cnt`` blocks at ``src[s0:]`` as stream blocks ``b0 ..``.
 
@@ -424,7 +427,7 @@ def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w
     pack(cb, n, codes, b0 * U(CBYTES))
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def row_start(rows, t0, i):
     """First coordinate of the task's ``i``-th block: block ``rows[t0 + i]`` of the array when
     ``rows`` is given (non-empty), else block ``t0 + i``."""
@@ -434,7 +437,7 @@ def row_start(rows, t0, i):
     return b * U(BLOCK)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def load_rows(src, rows, t0, cnt, t):
     """``t`` = the task's ``cnt`` blocks of ``src`` (see :func:`row_start`), contiguous."""
     if not rows.size:
@@ -451,7 +454,7 @@ def load_rows(src, rows, t0, cnt, t):
             t[d0 + U(j)] = src[s0 + U(j)]
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def store_rows(t, rows, t0, cnt, dst, add):
     """Inverse of :func:`load_rows`: the task's blocks from ``t`` into ``dst`` (``+=`` when
     ``add``, one float32 addition per element)."""
@@ -475,7 +478,7 @@ def store_rows(t, rows, t0, cnt, dst, add):
                 dst[d0 + U(j)] = t[s0 + U(j)]
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def scratch():
     """Per-task arrays of the scale pass (group maxima and flags, super-group scales and
     flags, group normalisers and keep flags) and the elements' uniforms."""
@@ -484,7 +487,7 @@ def scratch():
             np.empty(TG, np.uint8), np.empty(max(UN_ENC, UN_DEC), np.float32))
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def task_range(c, nblocks):
     """First block and block count of task ``c`` (uint64, int64)."""
     t0 = U(c) * U(TASK)
@@ -588,7 +591,7 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
             store_rows(y, rows, t0, cnt, acc, False)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True)
 def block_rand(keys, i, world):
     """The ``rand`` tuple of block ``i`` of a keyed call: its keys and rank (``keys[i, :7]``)
     and an offset that the stream formulas turn into the block's own (``keys[i, 7]`` is its

@@ -115,6 +115,39 @@ def kernels(spec: KernelSpec) -> ModuleType:
     return mod
 
 
+@contextlib.contextmanager
+def _compile_lock(path: Path):
+    """Hold an exclusive lock on ``path`` (created if missing); no lock where ``fcntl`` is
+    missing."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: each process compiles for itself
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _call(mod: ModuleType, name: str, *args) -> None:
+    """Call kernel ``name`` of the generated module ``mod``.
+
+    The first call in a process compiles the kernel, or loads it from Numba's cache, under a
+    file lock per kernel: when several processes start at once (the ranks of a job on one host,
+    test workers), one compiles and the others wait and load its cached result instead of each
+    compiling the same kernel.
+    """
+    fn = getattr(mod, name)
+    if fn.signatures:
+        fn(*args)
+        return
+    with _compile_lock(Path(mod.__file__).with_suffix(f".{name}.lock")):
+        fn(*args)
+
+
 def kernel_args(code: BlockCode) -> tuple[tuple, tuple]:
     """The ``tables`` and ``consts`` tuples of ``code`` (cached per code object)."""
     hit = _args.get(code)
@@ -184,11 +217,11 @@ def block_encode(code: BlockCode, x: torch.Tensor, rand: RandKeys, out: torch.Te
     k = kernels(code.spec)
     with threads_for(n):
         if nfull:
-            k.encode(xs, 0, nfull, rs, *sections, tables, consts, r)
+            _call(k, "encode", xs, 0, nfull, rs, *sections, tables, consts, r)
         if n > cut:
             at = _where(code, rs, nfull)
             tail[: n - cut] = xs[at:at + n - cut]
-            k.encode(tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r)
+            _call(k, "encode", tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r)
 
 
 def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: RandKeys,
@@ -205,12 +238,12 @@ def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: R
     acc = bool(accumulate)
     with threads_for(n):
         if nfull:
-            k.decode(os_, 0, nfull, rs, *sections, tables, consts, r, acc)
+            _call(k, "decode", os_, 0, nfull, rs, *sections, tables, consts, r, acc)
         if n > cut:
             at = _where(code, rs, nfull)
             if acc:
                 tail[: n - cut] = os_[at:at + n - cut]
-            k.decode(tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r, acc)
+            _call(k, "decode", tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r, acc)
             os_[at:at + n - cut] = tail[: n - cut]
 
 
@@ -233,12 +266,12 @@ def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, ran
     wb = int(writeback)
     with threads_for(n):
         if nfull:
-            k.recompress(a, 0, nfull, cut, rs, *isec, *osec, tables, consts, r, ir, wb)
+            _call(k, "recompress", a, 0, nfull, cut, rs, *isec, *osec, tables, consts, r, ir, wb)
         if n > cut:
             at = _where(code, rs, nfull)
             tail[: n - cut] = a[at:at + n - cut]
-            k.recompress(tail, nfull, 1, n - cut, _NO_ROWS, *isec, *osec, tables, consts, r,
-                         ir, wb)
+            _call(k, "recompress", tail, nfull, 1, n - cut, _NO_ROWS, *isec, *osec, tables,
+                  consts, r, ir, wb)
             if writeback != Writeback.NONE:
                 a[at:at + n - cut] = tail[: n - cut]
 
@@ -260,5 +293,5 @@ def block_roundtrip(code: BlockCode, x: torch.Tensor, keys: BlockKeys,
     sections = _sections(code, np.empty(code.nbytes(nb_ * b), np.uint8), nb_ * b)
     k = kernels(code.spec)
     with threads_for(nb_ * b):
-        k.encode_keyed(xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
-        k.decode_keyed(xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
+        _call(k, "encode_keyed", xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
+        _call(k, "decode_keyed", xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
