@@ -181,11 +181,18 @@ def _targets(text: str | None) -> tuple[float | str, ...]:
 def _cmd_bench_scale(args: argparse.Namespace) -> int:
     from dynamiq.bench import scale
 
+    budgets = tuple(float(v) for v in args.bits.split(","))
+    topologies = tuple(args.topologies.split(","))
+    try:
+        for topo in topologies:
+            scale.scale_pipelines(budgets, topo, args.options)
+    except ValueError as e:
+        print(f"dynamiq bench scale: {e}", file=sys.stderr)
+        return 2
     scale.run(world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
-              topologies=tuple(args.topologies.split(",")),
-              budgets=tuple(float(v) for v in args.bits.split(",")),
+              topologies=topologies, budgets=budgets,
               d=args.d, slice_coords=args.slice, json_path=args.json, plot_path=args.plot,
-              seed=args.seed)
+              seed=args.seed, options=args.options)
     return 0
 
 
@@ -338,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--slice", type=int, default=None,
                     help="coordinates per slice (default: 256 per rank, at least 2^16)")
     bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--options", default="",
+                    help="more DynamiQ codec arguments, e.g. 'midrise=False,super_scale=bf16'")
     bs.add_argument("--json", help="write the rows to this JSON file")
     bs.add_argument("--plot", help="write an SVG chart here")
     bs.set_defaults(func=_cmd_bench_scale)

@@ -82,6 +82,12 @@ def test_bad_n():
     assert main(["simulate", "--world-size", "0"]) == 2
 
 
+def test_bench_scale_rejects_unknown_dynamiq_options(capsys):
+    assert main(["bench", "scale", "--world-sizes", "4", "--d", "4096",
+                 "--options", "no_such=1"]) == 2
+    assert "has no parameter 'no_such'" in capsys.readouterr().err
+
+
 def test_testbed_commands_report_without_building(capsys):
     from dynamiq.testbed import unavailable_reason
 

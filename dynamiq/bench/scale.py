@@ -72,13 +72,24 @@ def peak_memory_gb() -> float:
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
-def scale_pipelines(budgets: Sequence[float], topology: str) -> list[tuple[str, Pipeline]]:
-    """DynamiQ at each budget, then MXFP8 and BF16, on ``topology``."""
+def scale_pipelines(budgets: Sequence[float], topology: str,
+                    options: str = "") -> list[tuple[str, Pipeline]]:
+    """DynamiQ at each budget, then MXFP8 and BF16, on ``topology``.
+
+    ``options``: more arguments of the DynamiQ codec, as in its spec string (e.g.
+    ``"midrise=False,super_scale=bf16"``); a name or value it does not take raises
+    ``ValueError``.
+    """
     from dynamiq.pipeline import get_pipeline
 
-    out = [(f"dynamiq {b:g}b",
-            Pipeline.parse(f"center+dynamiq(bits={float(b)},widths=(2,3,4,5,6,7,8,16))@{topology}"))
-           for b in budgets]
+    extra = f",{options.strip().strip(',')}" if options.strip().strip(",") else ""
+    out = []
+    for b in budgets:
+        spec = f"center+dynamiq(bits={float(b)},widths=(2,3,4,5,6,7,8,16){extra})@{topology}"
+        try:
+            out.append((f"dynamiq {b:g}b", Pipeline.parse(spec)))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad DynamiQ options {options!r}: {e}") from e
     mx = get_pipeline("mxfp8")
     out.append(("mxfp8", dataclasses.replace(mx, topology=topology)))
     out.append(("bf16", Pipeline.parse(f"passthrough(wire=bf16)@{topology}")))
@@ -93,6 +104,7 @@ def run(
     d: int = 1 << 20,
     slice_coords: int | None = None,
     seed: int = 0,
+    options: str = "",
     json_path: str | None = None,
     plot_path: str | None = None,
     out: Callable[[str], None] = print,
@@ -108,6 +120,8 @@ def run(
         slice_coords: Coordinates per streamed slice (default ``max(2^16, 256·n)``, rounded
             to a multiple of ``256·n`` so every rank owns whole super-groups; at most ``d``).
         seed: Seed of the synthetic gradients.
+        options: More arguments of the DynamiQ codec (:func:`scale_pipelines`), to measure a
+            variant of its coding at scale.
         json_path, plot_path: Optional outputs (the plot ``.svg`` or ``.png``).
         out: Where the table goes.
         log: Progress lines (default: standard error).
@@ -119,6 +133,8 @@ def run(
 
     if plot_path:
         check_plot_path(plot_path)  # before the measurements, not after them
+    for topo in topologies:  # a bad option fails here, not after the first world size
+        scale_pipelines(budgets, topo, options)
     if log is None:
         log = stderr_log
     model = get_workload("lognormal")
@@ -128,7 +144,7 @@ def run(
         sl = slice_coords or max(1 << 16, unit)
         sl = min(d, max(unit, sl // unit * unit))
         for topo in topologies:
-            methods = scale_pipelines(budgets, topo)
+            methods = scale_pipelines(budgets, topo, options)
             err = {m: 0.0 for m, _ in methods}
             bits = {m: 0.0 for m, _ in methods}
             secs = {m: 0.0 for m, _ in methods}

@@ -91,6 +91,16 @@ def test_scale_streams_slices(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text())[0]["world_size"] == 4
 
 
+def test_scale_takes_dynamiq_options():
+    (_, p), *_ = scale.scale_pipelines((5.0,), "ring", "midrise=False, super_scale=bf16")
+    assert p.codec.midrise is False and p.codec.super_scale == "bf16"
+    (_, q), *_ = scale.scale_pipelines((5.0,), "ring")
+    assert q.codec.midrise is True and q.codec.super_scale == "e8m0"
+    with pytest.raises(ValueError, match="bad DynamiQ options 'no_such=1'"):
+        scale.run(world_sizes=(4,), topologies=("ring",), budgets=(5.0,), d=4096,
+                  options="no_such=1", out=lambda s: None, log=lambda s: None)
+
+
 def test_scale_equals_the_per_message_simulator():
     """One slice per method: the batched run's error is the per-message simulator's."""
     from dynamiq.bench.workloads import get_workload
