@@ -181,19 +181,7 @@ def _targets(text: str | None) -> tuple[float | str, ...]:
 def _cmd_bench_scale(args: argparse.Namespace) -> int:
     from dynamiq.bench import scale
 
-    budgets = tuple(float(v) for v in args.bits.split(","))
-    topologies = tuple(args.topologies.split(","))
-    try:
-        for topo in topologies:
-            scale.scale_pipelines(budgets, topo, args.options)
-    except ValueError as e:
-        print(f"dynamiq bench scale: {e}", file=sys.stderr)
-        return 2
-    scale.run(world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
-              topologies=topologies, budgets=budgets,
-              d=args.d, slice_coords=args.slice, json_path=args.json, plot_path=args.plot,
-              seed=args.seed, options=args.options)
-    return 0
+    return scale.run_from_args(args)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -249,7 +237,7 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dynamiq`` command."""
-    from dynamiq.bench import train
+    from dynamiq.bench import scale, train
     from dynamiq.bench.allreduce_cmd import add_allreduce_parser
     from dynamiq.bench.nmse import DEFAULT_METHODS
 
@@ -337,18 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bs = bsub.add_parser("scale", help="the synthetic large-scale model: DynamiQ vs MXFP8 "
                          "as the number of ranks grows, ring vs butterfly")
-    bs.add_argument("--world-sizes", default="8,64,512")
-    bs.add_argument("--topologies", default="ring,butterfly")
-    bs.add_argument("--bits", default="5,6,8.5", help="DynamiQ budgets")
-    bs.add_argument("--d", type=int, default=1 << 20,
-                    help="coordinates per rank (streamed in slices)")
-    bs.add_argument("--slice", type=int, default=None,
-                    help="coordinates per slice (default: 256 per rank, at least 2^16)")
-    bs.add_argument("--seed", type=int, default=0)
-    bs.add_argument("--options", default="",
-                    help="more DynamiQ codec arguments, e.g. 'midrise=False,super_scale=bf16'")
-    bs.add_argument("--json", help="write the rows to this JSON file")
-    bs.add_argument("--plot", help="write an SVG chart here")
+    scale.add_arguments(bs)
     bs.set_defaults(func=_cmd_bench_scale)
 
     tr = sub.add_parser("train", help="data-parallel training of gpt-stdlib through the DDP "

@@ -21,6 +21,7 @@ blocks fill all), while every chunk still travels the full ring.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import resource
 import sys
@@ -36,7 +37,7 @@ from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.collectives.batched import simulate_batched
 from dynamiq.pipeline import Pipeline
 
-__all__ = ["ScaleRow", "run", "scale_pipelines"]
+__all__ = ["ScaleRow", "add_arguments", "run", "run_from_args", "scale_pipelines"]
 
 
 @dataclass
@@ -202,3 +203,37 @@ def run(
                      xlabel="ranks n")
         log(f"wrote {plot_path}")
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``dynamiq bench scale``."""
+    p.add_argument("--world-sizes", default="8,64,512")
+    p.add_argument("--topologies", default="ring,butterfly")
+    p.add_argument("--bits", default="5,6,8.5", help="DynamiQ budgets")
+    p.add_argument("--d", type=int, default=1 << 20,
+                   help="coordinates per rank (streamed in slices)")
+    p.add_argument("--slice", type=int, default=None,
+                   help="coordinates per slice (default: 256 per rank, at least 2^16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--options", default="",
+                   help="more DynamiQ codec arguments, e.g. 'midrise=False,super_scale=bf16'")
+    p.add_argument("--json", help="write the rows to this JSON file")
+    p.add_argument("--plot", help="write an SVG chart here")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``dynamiq bench scale``: :func:`run` with the options of :func:`add_arguments`; exit
+    code 2, with the reason on standard error, when ``--options`` names a DynamiQ argument
+    that does not exist or a value it does not take."""
+    budgets = tuple(float(v) for v in args.bits.split(","))
+    topologies = tuple(args.topologies.split(","))
+    try:
+        for topo in topologies:
+            scale_pipelines(budgets, topo, args.options)
+    except ValueError as e:
+        print(f"dynamiq bench scale: {e}", file=sys.stderr)
+        return 2
+    run(world_sizes=tuple(int(v) for v in args.world_sizes.split(",")), topologies=topologies,
+        budgets=budgets, d=args.d, slice_coords=args.slice, seed=args.seed,
+        options=args.options, json_path=args.json, plot_path=args.plot)
+    return 0
