@@ -37,7 +37,7 @@ from dynamiq.bench.progress import progress_bar, quiet
 from dynamiq.collectives.batched import simulate_batched
 from dynamiq.pipeline import Pipeline
 
-__all__ = ["ScaleRow", "add_arguments", "run", "run_from_args", "scale_pipelines"]
+__all__ = ["OptionsError", "ScaleRow", "add_arguments", "run", "run_from_args", "scale_pipelines"]
 
 
 @dataclass
@@ -73,24 +73,29 @@ def peak_memory_gb() -> float:
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
+class OptionsError(ValueError):
+    """DynamiQ options that the codec does not take (:func:`scale_pipelines`)."""
+
+
 def scale_pipelines(budgets: Sequence[float], topology: str,
                     options: str = "") -> list[tuple[str, Pipeline]]:
     """DynamiQ at each budget, then MXFP8 and BF16, on ``topology``.
 
     ``options``: more arguments of the DynamiQ codec, as in its spec string (e.g.
     ``"midrise=False,super_scale=bf16"``); a name or value it does not take raises
-    ``ValueError``.
+    :class:`OptionsError`.
     """
     from dynamiq.pipeline import get_pipeline
 
-    extra = f",{options.strip().strip(',')}" if options.strip().strip(",") else ""
+    extra = options.strip().strip(",")
+    extra = f",{extra}" if extra else ""
     out = []
     for b in budgets:
         spec = f"center+dynamiq(bits={float(b)},widths=(2,3,4,5,6,7,8,16){extra})@{topology}"
         try:
             out.append((f"dynamiq {b:g}b", Pipeline.parse(spec)))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"bad DynamiQ options {options!r}: {e}") from e
+            raise OptionsError(f"bad DynamiQ options {options!r}: {e}") from e
     mx = get_pipeline("mxfp8")
     out.append(("mxfp8", dataclasses.replace(mx, topology=topology)))
     out.append(("bf16", Pipeline.parse(f"passthrough(wire=bf16)@{topology}")))
@@ -225,15 +230,14 @@ def run_from_args(args: argparse.Namespace) -> int:
     """``dynamiq bench scale``: :func:`run` with the options of :func:`add_arguments`; exit
     code 2, with the reason on standard error, when ``--options`` names a DynamiQ argument
     that does not exist or a value it does not take."""
-    budgets = tuple(float(v) for v in args.bits.split(","))
-    topologies = tuple(args.topologies.split(","))
     try:
-        for topo in topologies:
-            scale_pipelines(budgets, topo, args.options)
-    except ValueError as e:
+        # run checks the options before it measures anything
+        run(world_sizes=tuple(int(v) for v in args.world_sizes.split(",")),
+            topologies=tuple(args.topologies.split(",")),
+            budgets=tuple(float(v) for v in args.bits.split(",")), d=args.d,
+            slice_coords=args.slice, seed=args.seed, options=args.options,
+            json_path=args.json, plot_path=args.plot)
+    except OptionsError as e:
         print(f"dynamiq bench scale: {e}", file=sys.stderr)
         return 2
-    run(world_sizes=tuple(int(v) for v in args.world_sizes.split(",")), topologies=topologies,
-        budgets=budgets, d=args.d, slice_coords=args.slice, seed=args.seed,
-        options=args.options, json_path=args.json, plot_path=args.plot)
     return 0
