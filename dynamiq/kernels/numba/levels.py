@@ -139,31 +139,38 @@ def halving_bracket9(a, lo, c0, c1, c2, c3, c4, c5, c6, c7, c8):
 @nb.njit(inline="always", cache=True)
 def halving_levels(tab, mbits):
     """The table entries that :func:`halving_bracket8` or :func:`halving_bracket16` reads for
-    ``mbits`` 3 or 4 (a literal): ``2**mbits + 1`` of them, as a tuple; else an empty tuple.
+    ``mbits`` 3 or 4 (a literal): ``2**mbits + 1`` of them, as a tuple of 17 whatever
+    ``mbits`` is (the rest repeat the last entry read; for other widths, ``tab[0]`` only).
 
     Loaded by the caller *before* its element loop: loads inside the loop that feed selects
     are sunk into the selects' branches, merged into one load of a selected address and
-    vectorised as gathers, which costs more than the search saves.
+    vectorised as gathers, which costs more than the search saves. One length for every width
+    gives :func:`~dynamiq.kernels.numba.elements.element_code` one argument type, so every
+    branch of it types for every width (it is compiled on its own, where the branches of the
+    other widths are not pruned before typing).
     """
     if mbits == 3:
-        return (tab[0], tab[1], tab[2], tab[3], tab[4], tab[5], tab[6], tab[7], tab[8])
+        t8 = tab[8]
+        return (tab[0], tab[1], tab[2], tab[3], tab[4], tab[5], tab[6], tab[7], t8,
+                t8, t8, t8, t8, t8, t8, t8, t8)
     if mbits == 4:
         return (tab[0], tab[1], tab[2], tab[3], tab[4], tab[5], tab[6], tab[7], tab[8],
                 tab[9], tab[10], tab[11], tab[12], tab[13], tab[14], tab[15], tab[16])
-    return ()
+    t0 = tab[0]
+    return (t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0, t0)
 
 
 @nb.njit(inline="always", cache=True)
 def halving_bracket8(a, t):
     """:func:`chain_bracket` of an 8-level table by binary search in registers.
 
-    ``t`` holds the table's first 9 entries (:func:`halving_levels`). Each step compares ``a``
-    with the middle of the levels still in play and keeps the half it lies in, moving values
-    with selects: ``log2(n)`` compares and ``n + log2(n) - 1`` selects for ``n`` levels,
-    where the chain takes ``n - 1`` compares, ``2 (n - 1)`` selects and a count. The same
-    bracket: the levels ascend strictly and the padding above them is +inf, so the last level
-    at or below ``a`` is found either way (for ``a = +inf`` both give the top index, for NaN
-    both give 0).
+    ``t`` holds the table's first 9 entries (and more, :func:`halving_levels`). Each step
+    compares ``a`` with the middle of the levels still in play and keeps the half it lies in,
+    moving values with selects: ``log2(n)`` compares and ``n + log2(n) - 1`` selects for
+    ``n`` levels, where the chain takes ``n - 1`` compares, ``2 (n - 1)`` selects and a
+    count. The same bracket: the levels ascend strictly and the padding above them is +inf, so
+    the last level at or below ``a`` is found either way (for ``a = +inf`` both give the top
+    index, for NaN both give 0).
     """
     return halving_bracket9(a, np.uint32(0), t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                             t[8])
@@ -171,7 +178,8 @@ def halving_bracket8(a, t):
 
 @nb.njit(inline="always", cache=True)
 def halving_bracket16(a, t):
-    """:func:`halving_bracket8` of a 16-level table (``t``: its first 17 entries)."""
+    """:func:`halving_bracket8` of a 16-level table (``t``: its first 17 entries,
+    :func:`halving_levels`)."""
     up = a >= t[8]
     return halving_bracket9(
         a, np.uint32(np.uint32(up) << np.uint32(3)),
