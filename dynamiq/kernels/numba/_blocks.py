@@ -59,6 +59,7 @@ from dynamiq.kernels.numba.elements import (
     encode_scale,
     encode_scale_bucket,
     halving_levels,
+    level_to_value,
     load_word,
     store_word,
     uniform,
@@ -102,6 +103,10 @@ MMAG = (1 << MBITS) - 1  # magnitude bits of a code
 # codes only (minifloat and integer arithmetic), so that the others need a fix-up pass
 DFAM = EFAM if EFAM in (1, 2, 3) else 0
 FIXUP = DFAM in (1, 2)
+# whether decoding reads the levels from the table in a loop of their own (see load_levels),
+# and the scratch that a task's levels need then
+LOADED = DFAM == 0
+LN = TN if LOADED else 1
 CBYTES = BLOCK * BITS // 8  # code bytes per block
 # whether encoding draws its uniforms in a loop of their own (see code_elements), and the
 # scratch the uniforms of a task need (one element when nothing uses it)
@@ -210,9 +215,25 @@ def draw_uniforms(n, rand, gidx0, ub):
 
 
 @nb.njit(forceinline=True, cache=True)
-def group_value(cb, j, s, edec, kap, ub, family):
-    """Decoded value of element ``j`` (``family``: a literal, see ``level_value``)."""
+def load_levels(cb, n, edec, lb):
+    """``lb[j]`` = the table level of code ``cb[j]``, ``j < n``.
+
+    A table load in the loop that decodes keeps that whole loop scalar (LLVM does not turn it
+    into a gather here): alone, the loads run as a short scalar loop and the decoding loop,
+    without them, vectorises (measured: dithered 8-bit ε-level decodes about 2.5 times faster).
+    """
+    for j in range(n):
+        ju = U(j)
+        lb[ju] = edec[np.uint32(cb[ju]) & np.uint32(MMAG)]
+
+
+@nb.njit(forceinline=True, cache=True)
+def group_value(cb, j, s, edec, kap, ub, lb, family):
+    """Decoded value of element ``j`` (``family``: a literal, see ``level_value``; with
+    ``LOADED``, its level is ``lb[j]``)."""
     u = ub[j] if DITHER else np.float32(0.0)
+    if LOADED:
+        return level_to_value(cb[j], lb[j], MBITS, s, DITHER, kap, u, MIDRISE)
     return element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE, family, EMANT, EBIAS)
 
 
@@ -226,9 +247,9 @@ def put(dst, i, v, add):
 
 
 @nb.njit(forceinline=True, cache=True)
-def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
+def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, lb, enfin, add):
     """``dst[d0 + j] = decode(cb[j])`` (``+=`` when ``add``, a literal) for the group at
-    ``base`` (``ub``: the uniforms).
+    ``base`` (``ub``: the uniforms; ``lb``: the levels, with ``LOADED``).
 
     Levels come from ``level_value`` with the decode family ``DFAM``. An arithmetic one
     (minifloat and integer grids, ``FIXUP``) holds for the finite codes only: the codes beyond
@@ -239,7 +260,7 @@ def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
     top = np.uint32(0)
     for k in range(gsize):
         j = base + U(k)
-        v = group_value(cb, j, s, edec, kap, ub, DFAM)
+        v = group_value(cb, j, s, edec, kap, ub, lb, DFAM)
         if FIXUP:
             mag = np.uint32(np.uint32(cb[j]) & np.uint32(MMAG))
             top = max(top, mag)
@@ -249,29 +270,34 @@ def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, enfin, add):
         for k in range(gsize):
             j = base + U(k)
             if (np.uint32(cb[j]) & np.uint32(MMAG)) >= np.uint32(enfin):
-                put(dst, d0 + j, group_value(cb, j, s, edec, kap, ub, 0), add)
+                put(dst, d0 + j, group_value(cb, j, s, edec, kap, ub, lb, 0), add)
 
 
 @nb.njit(forceinline=True, cache=True)
-def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
+def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin):
     """``dst[d0:d0 + ng*gsize] = decode(cb)`` under the group scales ``sv[:ng]``.
 
     ``rand`` is the encoder's: a dithered decoder regenerates, into the scratch ``ub``, the
-    uniform each element was rounded with.
+    uniform each element was rounded with. With ``LOADED``, the levels are read into the
+    scratch ``lb`` first.
     """
     if DITHER:
         draw_uniforms(ng * gsize, rand, gidx0, ub)
+    if LOADED:
+        load_levels(cb, ng * gsize, edec, lb)
     for g in range(ng):
-        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, enfin, False)
+        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, enfin, False)
 
 
 @nb.njit(forceinline=True, cache=True)
-def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, enfin):
+def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin):
     """As :func:`decode_codes`, adding to ``dst``."""
     if DITHER:
         draw_uniforms(ng * gsize, rand, gidx0, ub)
+    if LOADED:
+        load_levels(cb, ng * gsize, edec, lb)
     for g in range(ng):
-        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, enfin, True)
+        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, enfin, True)
 
 
 @nb.njit(forceinline=True, cache=True)
@@ -525,6 +551,7 @@ def decode(out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand, 
         sv = np.empty(TG, np.float32)
         cb = np.empty(TN, CODE_T)
         ub = np.empty(UN_DEC, np.float32)
+        lb = np.empty(LN, np.float32)
         s = U(b0) + t0
         unpack(codes, s * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
@@ -534,14 +561,14 @@ def decode(out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand, 
             # decoded into scratch, then put in place: ``out + value`` either way
             t = np.empty(TN, np.float32)
             decode_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, rand,
-                         U(rand[8]) + s * U(BLOCK), ub, enfin)
+                         U(rand[8]) + s * U(BLOCK), ub, lb, enfin)
             store_rows(t, rows, t0, cnt, out, accumulate)
         elif accumulate:
             add_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
-                      U(rand[8]) + s * U(BLOCK), ub, enfin)
+                      U(rand[8]) + s * U(BLOCK), ub, lb, enfin)
         else:
             decode_codes(cb, sv, cnt * GPB, gsize, out, t0 * U(BLOCK), tables[2], kap, rand,
-                         U(rand[8]) + s * U(BLOCK), ub, enfin)
+                         U(rand[8]) + s * U(BLOCK), ub, lb, enfin)
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
@@ -571,11 +598,12 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
         cb = np.empty(TN, CODE_T)
         w = scratch()
         ub = w[7]
+        lb = np.empty(LN, np.float32)
         load_rows(acc, rows, t0, cnt, t)
         unpack(ic, s * U(CBYTES), n, cb)
         group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
         add_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, irand,
-                  U(irand[8]) + s * U(BLOCK), ub, enfin)
+                  U(irand[8]) + s * U(BLOCK), ub, lb, enfin)
         valid = np.int64(U(nvalid) - min(U(nvalid), a0))
         for j in range(min(valid, n), n):
             t[j] = np.float32(0.0)
@@ -587,7 +615,7 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
             # the normalised values' scratch, which the encode is done with
             group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
             decode_codes(cb, sv, cnt * GPB, gsize, y, U(0), tables[2], kap, rand,
-                         U(rand[8]) + s * U(BLOCK), ub, enfin)
+                         U(rand[8]) + s * U(BLOCK), ub, lb, enfin)
             store_rows(y, rows, t0, cnt, acc, False)
 
 
@@ -630,6 +658,7 @@ def decode_keyed(out, nblocks, rows, codes, scales, supers, tables, consts, worl
         sv = np.empty(TG, np.float32)
         cb = np.empty(TN, CODE_T)
         ub = np.empty(UN_DEC, np.float32)
+        lb = np.empty(LN, np.float32)
         t = np.empty(TN, np.float32)
         unpack(codes, t0 * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], t0, cnt, sv)
@@ -637,5 +666,6 @@ def decode_keyed(out, nblocks, rows, codes, scales, supers, tables, consts, worl
             b = t0 + U(i)
             r = block_rand(keys, b, world)
             decode_codes(cb[U(i) * U(BLOCK):], sv[U(i) * U(GPB):], GPB, gsize, t,
-                         U(i) * U(BLOCK), tables[2], kap, r, U(r[8]) + b * U(BLOCK), ub, enfin)
+                         U(i) * U(BLOCK), tables[2], kap, r, U(r[8]) + b * U(BLOCK), ub, lb,
+                         enfin)
         store_rows(t, rows, t0, cnt, out, False)

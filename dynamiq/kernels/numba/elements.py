@@ -48,7 +48,8 @@ from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, uniform
 __all__ = [
     "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
     "decode_scale", "draw_uniform", "element_code", "element_value", "encode_scale",
-    "encode_scale_bucket", "halving_levels", "load_word", "store_word", "uniform",
+    "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "store_word",
+    "uniform",
 ]
 
 # plain ints, which Numba compiles as constants
@@ -181,9 +182,21 @@ def element_value(c, edec, mbits, s, dither, kap, u, midrise=False, family=0, ma
     # every integer kept 32-bit: Numba types the result of two uint32 as 64-bit, and the
     # loop's vector lanes follow the widest type
     cu = np.uint32(c)
-    neg = np.uint32(np.uint32(cu >> np.uint32(mbits)) & np.uint32(1))
     m = level_value(np.uint32(cu & np.uint32((1 << mbits) - 1)), edec, family, mant, bias,
                     mbits)
+    return level_to_value(cu, m, mbits, s, dither, kap, u, midrise)
+
+
+@nb.njit(inline="always", cache=True)
+def level_to_value(c, m, mbits, s, dither, kap, u, midrise=False):
+    """:func:`element_value` of code ``c`` whose magnitude level ``m`` (float32) is already
+    known: the dither, the scale, the saturation and the sign.
+
+    A decode whose levels are table loads reads them in a loop of their own and finishes here
+    in a loop without loads: the loads alone would keep the whole loop scalar.
+    """
+    cu = np.uint32(c)
+    neg = np.uint32(np.uint32(cu >> np.uint32(mbits)) & np.uint32(1))
     if dither:
         if midrise:
             u = np.float32(1.0) - u if neg != np.uint32(0) else u
