@@ -1,9 +1,15 @@
 """The error model of the ``measured`` allocator: each option's own relative squared error.
 
-Measuring runs the option's quantizer (its kernels) on 2^16 Gaussian values, so it happens on
-the first :meth:`~dynamiq.codecs.dynamiq.DynamiQ.prepare` that needs it, never when a codec is
-built, and once per quantizer per process. :func:`codec_error` measures a whole partial-sum
-codec the same way (the reference of a named accuracy target).
+Measuring runs the option's quantizer on 2^16 Gaussian values, so it happens on the first
+:meth:`~dynamiq.codecs.dynamiq.DynamiQ.prepare` that needs it, never when a codec is built, and
+once per quantizer per process. :func:`codec_error` measures a whole partial-sum codec the same
+way (the reference of a named accuracy target).
+
+Both run on the reference backend. Every backend gives the same bits, so the tables are the
+same wherever the hops run; the reference backend compiles nothing, which keeps a codec whose
+hops run elsewhere (Triton on a GPU, or a simulation on the reference backend) from compiling
+the CPU kernels of every option, and measures all of DynamiQ's options faster than loading
+their compiled kernels does.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ ALLOCATORS = CHOICES["allocator"]
 #: Values and seed of the measurement (fixed, so every rank and process gets the same table).
 _SAMPLES = 1 << 16
 _SEED = 0x5EED
+#: Where the measurements run (see the module's docstring).
+_BACKEND = "reference"
 
 
 @lru_cache(maxsize=64)
@@ -46,7 +54,7 @@ def measured_error(q: BlockQuantizer | None) -> float:
     if q is None:
         y = x.to(torch.bfloat16).float()
     else:
-        y = q.decode(q.encode(x, seed=1), seed=1)
+        y = q.decode(q.encode(x, seed=1, backend=_BACKEND), seed=1, backend=_BACKEND)
     return _relative(x, y)
 
 
@@ -67,7 +75,7 @@ def codec_error(codec: PartialSumCodec) -> float:
     stats = {name: STATISTICS[name].local(x.double().view(-1, STATISTICS[name].block))
              for name in codec.statistics}
     plan = codec.prepare(stats, x.numel(), 1, {})
-    ctx = HopContext(prepared={codec: plan})
+    ctx = HopContext(prepared={codec: plan}, backend=_BACKEND)
     y = torch.empty_like(x)
     codec.decompress(codec.compress(x, ctx), y, ctx)
     return _relative(x, y)

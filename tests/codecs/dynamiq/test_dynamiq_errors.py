@@ -4,12 +4,15 @@ What is checked:
 
 * building a codec measures nothing and compiles no kernel (``import dynamiq`` builds the
   registered pipelines' codecs); the errors are measured on first use, once per quantizer;
+* measuring compiles no kernel either (it runs on the reference backend) and gives the bits
+  of a measurement on the compiled kernels;
 * the ``paper`` model is ``4^−w``; the measured one falls with the width;
 * the allocator's options carry each option's wire cost per super-group.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +50,32 @@ def test_import_compiles_no_kernel(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     made = sorted(p.name for p in kernels.rglob("*")) if kernels.exists() else []
     assert made == []
+
+
+def test_measuring_compiles_no_kernel(tmp_path):
+    """The first ``width_options`` of a codec (what the first ``prepare`` of a pipeline asks
+    for) writes nothing into a fresh kernel cache: a pipeline whose hops run on another
+    backend compiles no CPU kernel for its options. The errors equal those measured through
+    the Numba kernels, bit for bit."""
+    kernels = tmp_path / "kernels"
+    env = dict(os.environ, DYNAMIQ_KERNEL_CACHE=str(kernels),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    code = ("import json, dynamiq\n"
+            "c = dynamiq.DynamiQ(widths=(2, 5, 8, 16), group_size=(32, 64))\n"
+            "print(json.dumps([o.error for o in c.width_options]))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300,
+                         capture_output=True, text=True).stdout
+    made = sorted(p.name for p in kernels.rglob("*")) if kernels.exists() else []
+    assert made == []
+    from dynamiq.codecs.dynamiq.errors import _relative, _sample
+
+    x = _sample()
+    codec = DynamiQ(widths=(2, 5, 8, 16), group_size=(32, 64))
+    numba = [measured_error(None) if q is None else
+             _relative(x, q.decode(q.encode(x, seed=1, backend="numba"), seed=1,
+                                   backend="numba"))
+             for q in (o.quantizer for o in codec.options)]
+    assert json.loads(out) == numba  # floats round-trip through JSON exactly
 
 
 def test_paper_model_is_four_to_the_minus_width():
