@@ -178,17 +178,6 @@ def _targets(text: str | None) -> tuple[float | str, ...]:
     return tuple(out)
 
 
-def _cmd_bench_scale(args: argparse.Namespace) -> int:
-    from dynamiq.bench import scale
-
-    return scale.run_from_args(args)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from dynamiq.bench import train
-
-    return train.run_from_args(args)
-
 def _cmd_testbed(args: argparse.Namespace) -> int:
     from dynamiq.testbed import (
         LinkShape,
@@ -326,13 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("scale", help="the synthetic large-scale model: DynamiQ vs MXFP8 "
                          "as the number of ranks grows, ring vs butterfly")
     scale.add_arguments(bs)
-    bs.set_defaults(func=_cmd_bench_scale)
+    bs.set_defaults(func=scale.run_from_args)
 
     tr = sub.add_parser("train", help="data-parallel training of gpt-stdlib through the DDP "
                         "hook, each method in turn, on the network testbed: time to BF16's "
                         "loss and the split of a step")
     train.add_arguments(tr)
-    tr.set_defaults(func=_cmd_train)
+    tr.set_defaults(func=train.run_from_args)
 
     t = sub.add_parser("testbed", help="ranks in network namespaces over tc-shaped links "
                        "(needs root and iproute2)")
