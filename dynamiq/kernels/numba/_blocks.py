@@ -9,8 +9,9 @@ them below is resolved at compile time.
 Each kernel covers ``nblocks`` whole blocks of one array, the ``b0``-th block of the stream
 onwards (the host calls it a second time for a zero-padded partial last block). The work is
 cut into *tasks* of whole blocks (about 4096 coordinates, so a task's scratch stays in the
-first-level cache) that run in parallel. Within a task every per-element pass is a loop
-without loop-carried state, which LLVM vectorises:
+first-level cache); a call codes tasks ``c0 .. c1``, and the host runs ranges of tasks on
+several threads at once (the kernels release the GIL). Within a task every per-element pass
+is a loop without loop-carried state, which LLVM vectorises:
 
 1. unpack the codes into one byte (or 16-bit word) per element,
 2. decode them under the per-group scales (and add, for a hop),
@@ -22,17 +23,21 @@ without loop-carried state, which LLVM vectorises:
 
 What keeps these loops vectorised (checked in the generated code):
 
-* the parallel loop's body is the whole task and its arrays are the kernel's arguments, never
-  aliases of each other, so Numba marks them ``noalias`` and LLVM needs no overlap checks;
+* the passes work on the task's own scratch arrays, allocated in the kernel, so the few
+  overlap checks LLVM adds before a vector loop always pass;
 * indices are unsigned (``uint64``): Numba adds a negative-index wrap-around to every signed
   index, and that select defeats the vectoriser;
 * per-group loops run to a runtime trip count (``consts[12]``, the group size), so LLVM
   vectorises them instead of unrolling them into scalar code;
 * element levels are found by arithmetic (minifloat and integer grids) or by compares (at
   most 16 levels) rather than by table gathers, whenever the format allows it;
-* the passes below are ``forceinline`` functions, inlined by LLVM into the parallel loop (where
-  the ``noalias`` arrays are visible), not by Numba's IR inlining, which re-types a pass at every
-  call site and made cold compiles about 2.5 times slower.
+* the passes below are ``forceinline`` functions, inlined by LLVM into the kernel's loop over
+  tasks, not by Numba's IR inlining, which re-types a pass at every call site and made cold
+  compiles about 2.5 times slower.
+
+The kernels are plain serial functions (``nogil``), not ``parallel=True`` loops: Numba's
+parallel lowering compiles every kernel a second time as the body of a parallel region, which
+made a spec's cold compile about twice as long for the same machine code speed.
 
 Runtime arguments (see :mod:`dynamiq.kernels.numba.blocks`): ``tables``, ``consts``, ``rand``
 tuples; byte streams ``codes``, ``scales``, ``supers``.
@@ -520,46 +525,48 @@ def task_range(c, nblocks):
     return t0, np.int64(min(U(nblocks), t0 + U(TASK)) - t0)
 
 
-@nb.njit(parallel=True, cache=True, error_model="numpy")
-def encode(x, b0, nblocks, rows, codes, scales, supers, tables, consts, rand):
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def encode(c0, c1, x, b0, nblocks, rows, codes, scales, supers, tables, consts, rand):
     """Encode ``nblocks`` blocks of ``x`` as stream blocks ``b0 ..``: blocks ``rows[i]`` of
     ``x`` in that order (``rows`` non-empty), else its first ``nblocks``.
 
     Each task copies its blocks into a cache-resident scratch first, so that blocks spread
     over ``x`` (a segment of a reordered message) are coded without a gathered copy of ``x``.
     """
-    for c in nb.prange((nblocks + TASK - 1) // TASK):
+    t = np.empty(TN, np.float32)
+    y = np.empty(TN, np.float32)
+    cb = np.empty(TN, CODE_T)
+    w = scratch()
+    for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
-        t = np.empty(TN, np.float32)
-        y = np.empty(TN, np.float32)
-        cb = np.empty(TN, CODE_T)
         load_rows(x, rows, t0, cnt, t)
         encode_task(t, U(0), U(b0) + t0, cnt, codes, scales, supers, tables, consts, rand,
-                    scratch(), y, cb)
+                    w, y, cb)
 
 
-@nb.njit(parallel=True, cache=True, error_model="numpy")
-def decode(out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand, accumulate):
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def decode(c0, c1, out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand,
+           accumulate):
     """Decode stream blocks ``b0 .. b0+nblocks`` into ``out`` (``+=`` when ``accumulate``):
     into blocks ``rows[i]`` of ``out`` (``rows`` non-empty), else its first ``nblocks``.
 
     ``consts``/``rand`` are the encoder's (dithered decoding regenerates its uniforms).
     """
     gsize = consts[12]
-    for c in nb.prange((nblocks + TASK - 1) // TASK):
+    kap = np.float32(consts[11])
+    enfin = consts[7]
+    sv = np.empty(TG, np.float32)
+    cb = np.empty(TN, CODE_T)
+    ub = np.empty(UN_DEC, np.float32)
+    lb = np.empty(LN, np.float32)
+    t = np.empty(TN if rows.size else 1, np.float32)
+    for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
-        sv = np.empty(TG, np.float32)
-        cb = np.empty(TN, CODE_T)
-        ub = np.empty(UN_DEC, np.float32)
-        lb = np.empty(LN, np.float32)
         s = U(b0) + t0
         unpack(codes, s * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], s, cnt, sv)
-        kap = np.float32(consts[11])
-        enfin = consts[7]
         if rows.size:
             # decoded into scratch, then put in place: ``out + value`` either way
-            t = np.empty(TN, np.float32)
             decode_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, rand,
                          U(rand[8]) + s * U(BLOCK), ub, lb, enfin)
             store_rows(t, rows, t0, cnt, out, accumulate)
@@ -571,9 +578,9 @@ def decode(out, b0, nblocks, rows, codes, scales, supers, tables, consts, rand, 
                          U(rand[8]) + s * U(BLOCK), ub, lb, enfin)
 
 
-@nb.njit(parallel=True, cache=True, error_model="numpy")
-def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supers, tables,
-               consts, rand, irand, writeback):
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def recompress(c0, c1, acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supers,
+               tables, consts, rand, irand, writeback):
     """Fused ``decompress_accumulate_recompress`` of stream blocks ``b0 .. b0+nblocks``, whose
     accumulator values are blocks ``rows[i]`` of ``acc`` (``rows`` non-empty), else its first
     ``nblocks``.
@@ -587,18 +594,18 @@ def recompress(acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scales, supe
     gsize = consts[12]
     kap = np.float32(consts[11])
     enfin = consts[7]
-    for c in nb.prange((nblocks + TASK - 1) // TASK):
+    t = np.empty(TN, np.float32)
+    y = np.empty(TN, np.float32)
+    sv = np.empty(TG, np.float32)
+    cb = np.empty(TN, CODE_T)
+    w = scratch()
+    ub = w[7]
+    lb = np.empty(LN, np.float32)
+    for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
         n = cnt * BLOCK
         a0 = t0 * U(BLOCK)
         s = U(b0) + t0
-        t = np.empty(TN, np.float32)
-        y = np.empty(TN, np.float32)
-        sv = np.empty(TG, np.float32)
-        cb = np.empty(TN, CODE_T)
-        w = scratch()
-        ub = w[7]
-        lb = np.empty(LN, np.float32)
         load_rows(acc, rows, t0, cnt, t)
         unpack(ic, s * U(CBYTES), n, cb)
         group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
@@ -628,17 +635,18 @@ def block_rand(keys, i, world):
     return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], world, k[7])
 
 
-@nb.njit(parallel=True, cache=True, error_model="numpy")
-def encode_keyed(x, nblocks, rows, codes, scales, supers, tables, consts, world, keys):
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def encode_keyed(c0, c1, x, nblocks, rows, codes, scales, supers, tables, consts, world,
+                 keys):
     """:func:`encode` of blocks ``rows[i]`` of ``x`` as stream blocks ``0 .. nblocks``, block
     ``i`` under its own keys (:func:`block_rand`): the blocks of many chunks and ranks in one
     call. Each block is coded exactly as a call of its own would code it."""
-    for c in nb.prange((nblocks + TASK - 1) // TASK):
+    t = np.empty(TN, np.float32)
+    y = np.empty(TN, np.float32)
+    cb = np.empty(TN, CODE_T)
+    w = scratch()
+    for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
-        t = np.empty(TN, np.float32)
-        y = np.empty(TN, np.float32)
-        cb = np.empty(TN, CODE_T)
-        w = scratch()
         load_rows(x, rows, t0, cnt, t)
         for i in range(cnt):
             b = t0 + U(i)
@@ -646,20 +654,21 @@ def encode_keyed(x, nblocks, rows, codes, scales, supers, tables, consts, world,
                         block_rand(keys, b, world), w, y, cb)
 
 
-@nb.njit(parallel=True, cache=True, error_model="numpy")
-def decode_keyed(out, nblocks, rows, codes, scales, supers, tables, consts, world, keys):
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def decode_keyed(c0, c1, out, nblocks, rows, codes, scales, supers, tables, consts, world,
+                 keys):
     """:func:`decode` of stream blocks ``0 .. nblocks`` into blocks ``rows[i]`` of ``out``
     (overwritten), a dithered block regenerating its uniforms under its own keys."""
     gsize = consts[12]
     kap = np.float32(consts[11])
     enfin = consts[7]
-    for c in nb.prange((nblocks + TASK - 1) // TASK):
+    sv = np.empty(TG, np.float32)
+    cb = np.empty(TN, CODE_T)
+    ub = np.empty(UN_DEC, np.float32)
+    lb = np.empty(LN, np.float32)
+    t = np.empty(TN, np.float32)
+    for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
-        sv = np.empty(TG, np.float32)
-        cb = np.empty(TN, CODE_T)
-        ub = np.empty(UN_DEC, np.float32)
-        lb = np.empty(LN, np.float32)
-        t = np.empty(TN, np.float32)
         unpack(codes, t0 * U(CBYTES), cnt * BLOCK, cb)
         group_scales(scales, supers, tables[4], tables[6], t0, cnt, sv)
         for i in range(cnt):

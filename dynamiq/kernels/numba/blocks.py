@@ -19,8 +19,11 @@ Runtime arguments travel as three tuples so that every kernel has a short, unifo
 
 Whole blocks are read and written in place; the partial last block (if any) goes through a
 zero-padded scratch block, in a second call of the same kernel. The kernels' array arguments
-must not overlap: Numba compiles them as non-aliasing (which is what lets LLVM vectorise), so
-the host copies an input that shares memory with an output.
+must not overlap (tasks on other threads write their outputs while a task reads its inputs),
+so the host copies an input that shares memory with an output.
+
+Each kernel codes a range of tasks; :func:`~dynamiq.kernels.numba.tasks.run_tasks` runs the
+ranges of one call on several threads.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import numpy as np
 import torch
 
 from dynamiq.kernels.abi import BlockCode, BlockKeys, KernelSpec, RandKeys, Writeback
+from dynamiq.kernels.numba.tasks import run_tasks
 
 __all__ = ["SERIAL_BELOW", "block_decode", "block_encode", "block_recompress",
            "block_roundtrip", "kernel_cache_dir", "kernels"]
@@ -132,20 +136,22 @@ def _compile_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _call(mod: ModuleType, name: str, *args) -> None:
-    """Call kernel ``name`` of the generated module ``mod``.
+def _call(mod: ModuleType, name: str, nblocks: int, *args) -> None:
+    """Call kernel ``name`` of the generated module ``mod`` on the tasks of ``nblocks``
+    blocks, ``args`` after the task range (see :func:`~dynamiq.kernels.numba.tasks.run_tasks`).
 
     The first call in a process compiles the kernel, or loads it from Numba's cache, under a
     file lock per kernel: when several processes start at once (the ranks of a job on one host,
     test workers), one compiles and the others wait and load its cached result instead of each
-    compiling the same kernel.
+    compiling the same kernel. That call runs on the calling thread only.
     """
     fn = getattr(mod, name)
+    ntasks = -(-nblocks // mod.TASK)
     if fn.signatures:
-        fn(*args)
+        run_tasks(fn, ntasks, *args)
         return
     with _compile_lock(Path(mod.__file__).with_suffix(f".{name}.lock")):
-        fn(*args)
+        fn(0, ntasks, *args)
 
 
 def kernel_args(code: BlockCode) -> tuple[tuple, tuple]:
@@ -217,11 +223,11 @@ def block_encode(code: BlockCode, x: torch.Tensor, rand: RandKeys, out: torch.Te
     k = kernels(code.spec)
     with threads_for(n):
         if nfull:
-            _call(k, "encode", xs, 0, nfull, rs, *sections, tables, consts, r)
+            _call(k, "encode", nfull, xs, 0, nfull, rs, *sections, tables, consts, r)
         if n > cut:
             at = _where(code, rs, nfull)
             tail[: n - cut] = xs[at:at + n - cut]
-            _call(k, "encode", tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r)
+            _call(k, "encode", 1, tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r)
 
 
 def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: RandKeys,
@@ -238,12 +244,12 @@ def block_decode(code: BlockCode, data: torch.Tensor, out: torch.Tensor, rand: R
     acc = bool(accumulate)
     with threads_for(n):
         if nfull:
-            _call(k, "decode", os_, 0, nfull, rs, *sections, tables, consts, r, acc)
+            _call(k, "decode", nfull, os_, 0, nfull, rs, *sections, tables, consts, r, acc)
         if n > cut:
             at = _where(code, rs, nfull)
             if acc:
                 tail[: n - cut] = os_[at:at + n - cut]
-            _call(k, "decode", tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r, acc)
+            _call(k, "decode", 1, tail, nfull, 1, _NO_ROWS, *sections, tables, consts, r, acc)
             os_[at:at + n - cut] = tail[: n - cut]
 
 
@@ -259,18 +265,19 @@ def block_recompress(code: BlockCode, data: torch.Tensor, acc: torch.Tensor, ran
     src = data.numpy()
     dst = out.numpy()
     if np.shares_memory(src, dst):
-        # the kernels' arguments must not overlap (they are compiled as non-aliasing)
+        # the kernels' arguments must not overlap (see the module's docstring)
         src = src.copy()
     isec, osec = _sections(code, src, n), _sections(code, dst, n)
     k = kernels(code.spec)
     wb = int(writeback)
     with threads_for(n):
         if nfull:
-            _call(k, "recompress", a, 0, nfull, cut, rs, *isec, *osec, tables, consts, r, ir, wb)
+            _call(k, "recompress", nfull, a, 0, nfull, cut, rs, *isec, *osec, tables, consts,
+                  r, ir, wb)
         if n > cut:
             at = _where(code, rs, nfull)
             tail[: n - cut] = a[at:at + n - cut]
-            _call(k, "recompress", tail, nfull, 1, n - cut, _NO_ROWS, *isec, *osec, tables,
+            _call(k, "recompress", 1, tail, nfull, 1, n - cut, _NO_ROWS, *isec, *osec, tables,
                   consts, r, ir, wb)
             if writeback != Writeback.NONE:
                 a[at:at + n - cut] = tail[: n - cut]
@@ -293,5 +300,6 @@ def block_roundtrip(code: BlockCode, x: torch.Tensor, keys: BlockKeys,
     sections = _sections(code, np.empty(code.nbytes(nb_ * b), np.uint8), nb_ * b)
     k = kernels(code.spec)
     with threads_for(nb_ * b):
-        _call(k, "encode_keyed", xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
-        _call(k, "decode_keyed", xs, nb_, rs, *sections, tables, consts, int(keys.world), table)
+        w = int(keys.world)
+        _call(k, "encode_keyed", nb_, xs, nb_, rs, *sections, tables, consts, w, table)
+        _call(k, "decode_keyed", nb_, xs, nb_, rs, *sections, tables, consts, w, table)
