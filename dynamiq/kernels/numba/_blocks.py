@@ -90,6 +90,11 @@ EBIAS = 7
 MIDRISE = False
 # --- end spec ---
 
+#: The passes below: compiled once per spec and inlined by LLVM into the kernels, never called
+#: from Python, so they are compiled without the wrappers that a call from Python needs (an
+#: argument-unboxing function each, a fifth of a spec's cold compile).
+_pass = nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+
 U = np.uint64
 GPB = BLOCK // GROUP  # groups per block
 TASK = max(1, 4096 // BLOCK)  # blocks per parallel task
@@ -122,7 +127,7 @@ TINY = np.float32(2.0**-64)  # normalisers below this are lifted before inversio
 LIFT = np.float32(2.0**64)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def pack(cb, n, codes, c0):
     """Pack the codes ``cb[:n]`` into ``codes[c0:]`` (``n`` whole blocks)."""
     if PACK == 1 and BITS == 8:
@@ -150,7 +155,7 @@ def pack(cb, n, codes, c0):
                 pos += U(1)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def unpack(codes, c0, n, cb):
     """Inverse of :func:`pack`: the ``n`` codes at ``codes[c0:]`` into ``cb[:n]``."""
     if PACK == 1 and BITS == 8:
@@ -178,7 +183,7 @@ def unpack(codes, c0, n, cb):
             nacc -= BITS
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
     """Decoded scale of every group of stream blocks ``b0 .. b0+nb_`` into ``sv``."""
     for i in range(nb_):
@@ -192,7 +197,7 @@ def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
             sv[i * GPB + gi] = parent * s if HIER else s
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def draw_loop(n, rand, gidx0, ub, pow2):
     """``ub[j]`` = the uniform that element ``gidx0 + j`` is rounded with, ``j < n`` (``pow2``:
     a literal, see ``draw_uniform``)."""
@@ -202,7 +207,7 @@ def draw_loop(n, rand, gidx0, ub, pow2):
                               gidx0 + ju, pow2)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def draw_uniforms(n, rand, gidx0, ub):
     """The uniforms of ``n`` elements into ``ub``, in a loop of their own.
 
@@ -219,7 +224,7 @@ def draw_uniforms(n, rand, gidx0, ub):
     draw_loop(n, rand, gidx0, ub, False)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def load_levels(cb, n, edec, lb):
     """``lb[j]`` = the table level of code ``cb[j]``, ``j < n``.
 
@@ -232,7 +237,7 @@ def load_levels(cb, n, edec, lb):
         lb[ju] = edec[np.uint32(cb[ju]) & np.uint32(MMAG)]
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def group_value(cb, j, s, edec, kap, ub, lb, family):
     """Decoded value of element ``j`` (``family``: a literal, see ``level_value``; with
     ``LOADED``, its level is ``lb[j]``)."""
@@ -242,7 +247,7 @@ def group_value(cb, j, s, edec, kap, ub, lb, family):
     return element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE, family, EMANT, EBIAS)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def put(dst, i, v, add):
     """``dst[i] = v``, or ``dst[i] += v`` when ``add`` (a literal)."""
     if add:
@@ -251,7 +256,7 @@ def put(dst, i, v, add):
         dst[i] = v
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, lb, enfin, add):
     """``dst[d0 + j] = decode(cb[j])`` (``+=`` when ``add``, a literal) for the group at
     ``base`` (``ub``: the uniforms; ``lb``: the levels, with ``LOADED``).
@@ -278,7 +283,7 @@ def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, lb, enfin, add):
                 put(dst, d0 + j, group_value(cb, j, s, edec, kap, ub, lb, 0), add)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin):
     """``dst[d0:d0 + ng*gsize] = decode(cb)`` under the group scales ``sv[:ng]``.
 
@@ -294,7 +299,7 @@ def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enf
         group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, enfin, False)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin):
     """As :func:`decode_codes`, adding to ``dst``."""
     if DITHER:
@@ -305,7 +310,7 @@ def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin)
         group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, enfin, True)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gbad, pv, pbad,
                 ginv, gpre, gkeep):
     """Scales of the ``cnt`` blocks at ``src[s0:]`` (stream blocks ``b0 ..``), and how to
@@ -375,7 +380,7 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, gmax, gb
         gkeep[g] = np.uint8(flags == 0)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y, dead):
     """``y[j] = (src[s0 + j] * gpre) * ginv`` of each element's group, or ``dead`` unless kept.
 
@@ -393,7 +398,7 @@ def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y, dead):
             y[base + U(k)] = v if keep != 0 else dead
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
     """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n``, each uniform drawn here
     (``pow2``: a literal)."""
@@ -410,7 +415,7 @@ def code_loop(y, n, cb, tables, consts, rand, gidx0, pow2):
                                      EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def code_drawn(y, n, cb, tables, consts, ub):
     """As :func:`code_loop`, with the uniforms read from ``ub``."""
     etab, lut = tables[0], tables[1]
@@ -422,7 +427,7 @@ def code_drawn(y, n, cb, tables, consts, ub):
                                      MBITS, EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def code_elements(y, n, cb, tables, consts, rand, gidx0, ub):
     """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n`` (``ub``: scratch).
 
@@ -443,7 +448,7 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0, ub):
     code_loop(y, n, cb, tables, consts, rand, gidx0, False)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w, y, cb):
     """Encode the ``cnt`` blocks at ``src[s0:]`` as stream blocks ``b0 ..``.
 
@@ -458,7 +463,7 @@ def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w
     pack(cb, n, codes, b0 * U(CBYTES))
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def row_start(rows, t0, i):
     """First coordinate of the task's ``i``-th block: block ``rows[t0 + i]`` of the array when
     ``rows`` is given (non-empty), else block ``t0 + i``."""
@@ -468,7 +473,7 @@ def row_start(rows, t0, i):
     return b * U(BLOCK)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def load_rows(src, rows, t0, cnt, t):
     """``t`` = the task's ``cnt`` blocks of ``src`` (see :func:`row_start`), contiguous."""
     if not rows.size:
@@ -485,7 +490,7 @@ def load_rows(src, rows, t0, cnt, t):
             t[d0 + U(j)] = src[s0 + U(j)]
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def store_rows(t, rows, t0, cnt, dst, add):
     """Inverse of :func:`load_rows`: the task's blocks from ``t`` into ``dst`` (``+=`` when
     ``add``, one float32 addition per element)."""
@@ -509,7 +514,7 @@ def store_rows(t, rows, t0, cnt, dst, add):
                 dst[d0 + U(j)] = t[s0 + U(j)]
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def scratch():
     """Per-task arrays of the scale pass (group maxima and flags, super-group scales and
     flags, group normalisers and keep flags) and the elements' uniforms."""
@@ -518,7 +523,7 @@ def scratch():
             np.empty(TG, np.uint8), np.empty(max(UN_ENC, UN_DEC), np.float32))
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def task_range(c, nblocks):
     """First block and block count of task ``c`` (uint64, int64)."""
     t0 = U(c) * U(TASK)
@@ -626,7 +631,7 @@ def recompress(c0, c1, acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scal
             store_rows(y, rows, t0, cnt, acc, False)
 
 
-@nb.njit(forceinline=True, cache=True)
+@_pass
 def block_rand(keys, i, world):
     """The ``rand`` tuple of block ``i`` of a keyed call: its keys and rank (``keys[i, :7]``)
     and an offset that the stream formulas turn into the block's own (``keys[i, 7]`` is its

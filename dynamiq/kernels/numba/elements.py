@@ -81,7 +81,7 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx, pow2=False):
     return (np.float32(slot) + g) / np.float32(world)
 
 
-@nb.njit(forceinline=True, cache=True)
+@nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, mant, bias,
                  emode, midrise, levels):
     """Sign-magnitude code (uint32) of the normalised value ``y = (x * pre) * inv``.
