@@ -158,7 +158,8 @@ def _cmd_bench_nmse(args: argparse.Namespace) -> int:
         nmse.run(args.workload, world_size=args.world_size, topology=args.topology,
                  methods=methods, bits=args.bits, ablation=args.ablation, sweep=args.sweep,
                  targets=_targets(args.targets), bias=args.bias, points=args.points,
-                 json_path=args.json, plot_path=args.plot, cache_dir=args.cache_dir)
+                 json_path=args.json, plot_path=args.plot, cache_dir=args.cache_dir,
+                 backend=args.backend)
     except WorkloadUnavailable as e:
         print(f"dynamiq bench nmse: {e}", file=sys.stderr)
         return 3
@@ -308,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "calls relative to vNMSE/K (1 = unbiased)")
     bn.add_argument("--points", type=int, help="training points (default: the workload's)")
     bn.add_argument("--cache-dir", help="gradient cache (default: ~/.cache/dynamiq/gradients)")
+    bn.add_argument("--backend", default="auto",
+                    help="kernel backend of the simulations: auto (Numba on CPU), reference "
+                         "(compiles nothing; the same bits), triton")
     bn.add_argument("--json", help="write every row to this JSON file")
     bn.add_argument("--plot", help="write an SVG chart of vNMSE against bits here")
     bn.set_defaults(func=_cmd_bench_nmse)

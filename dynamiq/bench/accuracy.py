@@ -62,8 +62,8 @@ def vnmse_at(sweep: Sequence[tuple[float, float]], bits: float) -> float | None:
     return None
 
 
-def bias_ratio(pipeline: Pipeline, sets: Sequence, calls: int, *, first_call: int = 1000
-               ) -> float:
+def bias_ratio(pipeline: Pipeline, sets: Sequence, calls: int, *, first_call: int = 1000,
+               backend: str = "auto") -> float:
     """``vNMSE(mean of calls) / (mean vNMSE / calls)``, averaged over the gradient sets.
 
     Each of the ``calls`` calls draws fresh random numbers (call counters ``first_call``,
@@ -75,6 +75,8 @@ def bias_ratio(pipeline: Pipeline, sets: Sequence, calls: int, *, first_call: in
         sets: :class:`~dynamiq.bench.workloads.GradientSet` objects (``grads`` ``[n, d]``).
         calls: ``K >= 2``.
         first_call: Call counter of the first measured call.
+        backend: Kernel backend of the simulation (``"reference"``: no kernel to compile,
+            the same bits).
 
     Returns:
         About 1 for an unbiased method (its ``K`` errors are independent, so their mean has
@@ -88,12 +90,14 @@ def bias_ratio(pipeline: Pipeline, sets: Sequence, calls: int, *, first_call: in
     ratios = []
     for gs in sets:
         state: dict = {}
-        simulate(pipeline, gs.grads, call=first_call - 1, state=state, track_hops=False)
+        simulate(pipeline, gs.grads, call=first_call - 1, state=state, track_hops=False,
+                 backend=backend)
         total = None
         single = 0.0
         exact = None
         for k in range(calls):
-            r = simulate(pipeline, gs.grads, call=first_call + k, state=state, track_hops=False)
+            r = simulate(pipeline, gs.grads, call=first_call + k, state=state, track_hops=False,
+                         backend=backend)
             got = r.results[0].double()
             total = got if total is None else total + got
             single += r.vnmse

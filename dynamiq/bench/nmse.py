@@ -107,8 +107,8 @@ def method_pipeline(method: str | Pipeline, topology: str | None = None,
     return dataclasses.replace(p, **changes) if changes else p
 
 
-def evaluate(pipeline: Pipeline, sets: Sequence, *, warmup: int = 1) -> tuple[list[float],
-                                                                              list[float], float]:
+def evaluate(pipeline: Pipeline, sets: Sequence, *, warmup: int = 1, backend: str = "auto"
+             ) -> tuple[list[float], list[float], float]:
     """Simulate ``pipeline`` on every gradient set in order, carrying codec state.
 
     Args:
@@ -116,6 +116,7 @@ def evaluate(pipeline: Pipeline, sets: Sequence, *, warmup: int = 1) -> tuple[li
         sets: :class:`~dynamiq.bench.workloads.GradientSet` objects (``grads`` float32
             ``[n, d]``).
         warmup: Unmeasured calls on the first set before measuring.
+        backend: Kernel backend of the simulation (every backend gives the same bits).
 
     Returns:
         ``(vnmse per set, bits per set, seconds)``.
@@ -124,11 +125,13 @@ def evaluate(pipeline: Pipeline, sets: Sequence, *, warmup: int = 1) -> tuple[li
     call = 0
     t0 = time.perf_counter()
     for _ in range(warmup):
-        simulate(pipeline, sets[0].grads, call=call, state=state, track_hops=False)
+        simulate(pipeline, sets[0].grads, call=call, state=state, track_hops=False,
+                 backend=backend)
         call += 1
     vn, bits = [], []
     for gs in sets:
-        r = simulate(pipeline, gs.grads, call=call, state=state, track_hops=False)
+        r = simulate(pipeline, gs.grads, call=call, state=state, track_hops=False,
+                     backend=backend)
         call += 1
         vn.append(r.vnmse)
         bits.append(r.bits)
@@ -136,8 +139,8 @@ def evaluate(pipeline: Pipeline, sets: Sequence, *, warmup: int = 1) -> tuple[li
 
 
 def _row(workload: str, label: str, p: Pipeline, sets: Sequence, kind: str,
-         log: Callable[[str], None]) -> Row:
-    vn, bits, secs = evaluate(p, sets)
+         log: Callable[[str], None], backend: str) -> Row:
+    vn, bits, secs = evaluate(p, sets, backend=backend)
     row = Row(workload, label, str(p), p.topology.spec(), sets[0].grads.shape[0],
               sum(bits) / len(bits), sum(vn) / len(vn), vn, [g.point for g in sets], kind,
               p.unbiased, secs)
@@ -206,6 +209,7 @@ def run(
     json_path: str | None = None,
     plot_path: str | None = None,
     cache_dir: str | None = None,
+    backend: str = "auto",
     out: Callable[[str], None] = print,
     log: Callable[[str], None] | None = None,
 ) -> list[Row]:
@@ -230,6 +234,9 @@ def run(
         json_path: Write every row as JSON here.
         plot_path: Write a chart of vNMSE against bits here (``.svg`` or ``.png``).
         cache_dir: Gradient cache folder.
+        backend: Kernel backend of the simulations: ``"auto"`` (Numba on CPU), or
+            ``"reference"``, which compiles nothing and gives the same bits (slower on large
+            inputs; quicker for a few calls of many codings).
         out: Where tables go.
         log: Progress lines (default: standard error).
 
@@ -237,9 +244,11 @@ def run(
         All rows.
     """
     from dynamiq.bench.workloads import get_workload
+    from dynamiq.kernels import resolve_backend
 
     if plot_path:
         check_plot_path(plot_path)  # before the measurements, not after them
+    resolve_backend(backend, "cpu")  # a bad name fails before the gradients are computed
     if log is None:
         log = stderr_log
     wl = get_workload(workload)
@@ -251,13 +260,15 @@ def run(
     log(f"{name}: {len(sets)} points x {world_size} workers x {d} coordinates")
     rows: list[Row] = []
     for m in methods:
-        rows.append(_row(name, m, method_pipeline(m, topology, bits), sets, "methods", log))
+        rows.append(_row(name, m, method_pipeline(m, topology, bits), sets, "methods", log,
+                         backend))
     ref = next((r.vnmse for r in rows if r.method == "mxfp8"), None)
     base = next((m for m in methods if isinstance(get_pipeline(m).codec, DynamiQ)
                  and get_pipeline(m).codec.variable), "dynamiq")
     if bias:
         for r in rows:
-            r.bias = bias_ratio(method_pipeline(r.method, topology, bits), sets, bias)
+            r.bias = bias_ratio(method_pipeline(r.method, topology, bits), sets, bias,
+                                backend=backend)
             log(f"  {r.method:<34} mean of {bias} calls: {r.bias:.3g} x vNMSE/{bias}")
     out(f"\n{name}, n={world_size}, {topology}, {d} coordinates, "
         f"{len(sets)} training points (steps {', '.join(str(g.point) for g in sets)})")
@@ -267,10 +278,10 @@ def run(
             "1 for an unbiased method")
     if ablation:
         abl = [_row(name, label, method_pipeline(spec + f"@{topology}", None, bits), sets,
-                    "ablation", log) for label, spec in ABLATION + ABLATION_SIDE]
+                    "ablation", log, backend) for label, spec in ABLATION + ABLATION_SIDE]
         if bias:
             for r in abl:
-                r.bias = bias_ratio(method_pipeline(r.pipeline), sets, bias)
+                r.bias = bias_ratio(method_pipeline(r.pipeline), sets, bias, backend=backend)
         rows += abl
         out(f"\nablation ({topology}, {bits:g} bits/coordinate)")
         out(_fmt_table(abl, ref))
@@ -279,7 +290,7 @@ def run(
             f"ring): {'yes' if ok else 'NO'}")
     if sweep:
         sw = [_row(name, f"{base} @ {b:g} bits", method_pipeline(base, topology, b), sets,
-                   "sweep", log) for b in SWEEP_BITS]
+                   "sweep", log, backend) for b in SWEEP_BITS]
         rows += sw
         out(f"\nbudget sweep ({base}, {topology})")
         out(_fmt_table(sw, ref))
@@ -287,7 +298,7 @@ def run(
         out(f"vNMSE falls with every added bit: {'yes' if ok else 'NO'}")
         rows += _match_rows(name, base, sw, rows, topology, world_size, out)
     if targets:
-        tp = [_target_row(name, base, t, method_pipeline(base, topology), sets, log)
+        tp = [_target_row(name, base, t, method_pipeline(base, topology), sets, log, backend)
               for t in targets]
         rows += tp
         out(f"\naccuracy-targeted budgets ({base}, {topology}): the budget each call chose "
@@ -326,9 +337,9 @@ def _match_rows(name: str, base: str, sweep: list[Row], rows: list[Row], topolog
 
 
 def _target_row(name: str, base: str, target: float | str, p: Pipeline, sets: Sequence,
-                log: Callable[[str], None]) -> Row:
+                log: Callable[[str], None], backend: str) -> Row:
     row = _row(name, f"{base}(target={target})", target_pipeline(p, target), sets, "target",
-               log)
+               log, backend)
     row.target = target
     return row
 

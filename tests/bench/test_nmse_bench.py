@@ -43,13 +43,15 @@ def test_budget_flag_and_topology_reach_the_dynamiq_codec():
 
 
 def test_ablation_and_sweep_rows(tmp_path, monkeypatch):
-    # two steps of the ablation (the whole one compiles a kernel per width and variant: that is
-    # the benchmark's job, not the test's)
+    # two steps of the ablation (the whole one simulates every width and variant: that is the
+    # benchmark's job, not the test's)
     steps = (nmse.ABLATION[0], nmse.ABLATION[-1])
     monkeypatch.setattr(nmse, "ABLATION", steps)
     lines: list[str] = []
+    # on the reference backend, which gives the numbers of every backend and compiles no
+    # kernel for the ablation's and the sweep's codings
     rows = nmse.run(WL, world_size=4, methods=("dynamiq",), ablation=True, sweep=True,
-                    out=lines.append, log=lambda s: None)
+                    backend="reference", out=lines.append, log=lambda s: None)
     abl = [r for r in rows if r.kind == "ablation"]
     sw = [r for r in rows if r.kind == "sweep"]
     assert [r.method for r in abl] == [label for label, _ in steps + nmse.ABLATION_SIDE]
@@ -73,6 +75,20 @@ def test_cli_writes_json(tmp_path, capsys):
     rows = json.loads(out.read_text())
     assert [r["method"] for r in rows] == ["dynamiq", "dynamiq-paper"]
     assert "bits/coord" in capsys.readouterr().out
+    # the reference backend measures the same numbers
+    assert main(["bench", "nmse", "--workload", WL, "--world-size", "2", "--methods",
+                 "dynamiq;dynamiq-paper", "--backend", "reference", "--json", str(out)]) == 0
+    ref = json.loads(out.read_text())
+    assert [r["vnmse_points"] for r in ref] == [r["vnmse_points"] for r in rows]
+
+
+def test_an_unknown_backend_fails_before_the_gradients_are_computed():
+    def no_gradients(*a, **k):
+        raise AssertionError("reached the gradients")
+
+    with pytest.raises(ValueError, match="backend"):
+        nmse.run(WL, world_size=2, methods=("bf16",), backend="no-such-backend",
+                 out=lambda s: None, log=no_gradients)
 
 
 def test_unknown_method_is_a_clear_error():

@@ -314,6 +314,13 @@ def test_dithered_recompress_decodes_the_incoming_payload_with_its_keys(n):
     assert torch.equal(a, _DITHER.decode(want, **mine))
 
 
+def _roundtrip(q: BlockQuantizer, x: torch.Tensor, seed: int) -> torch.Tensor:
+    """``decode(encode(x))`` on the reference backend: the statistical tests below check the
+    coding itself, which every backend computes bit for bit alike (``tests/kernels/
+    test_backend_parity.py``), and the reference compiles no kernel for their quantizers."""
+    return q.roundtrip(x, seed=seed, backend="reference")
+
+
 def test_dithering_is_unbiased_and_halves_the_noise():
     """Mean over 400 seeds converges to x (bound: 5 standard errors of the per-element noise)
     and the noise is well below plain stochastic rounding's (about 1.7x on Gaussian data)."""
@@ -324,12 +331,12 @@ def test_dithering_is_unbiased_and_halves_the_noise():
                           scale_rounding="stochastic", super_group_size=256, super_scale="e8m0",
                           dither=True)
     k = 400
-    ys = torch.stack([dith.decode(dith.encode(x, seed=s), seed=s) for s in range(k)]).double()
+    ys = torch.stack([_roundtrip(dith, x, s) for s in range(k)]).double()
     err = ys - x.double()
     se = err.std(0) / k**0.5
     assert ((err.mean(0)).abs() <= 5 * se + 1e-7).float().mean() > 0.999
     mse_d = float((err**2).mean())
-    mse_p = float(np.mean([((plain.decode(plain.encode(x, seed=s)) - x) ** 2).mean().item()
+    mse_p = float(np.mean([((_roundtrip(plain, x, s) - x) ** 2).mean().item()
                            for s in range(20)]))
     assert mse_d < 0.7 * mse_p
 
@@ -348,7 +355,7 @@ def test_midrise_rounding_crosses_zero_and_stays_unbiased(dither):
     x[1::32] = 0.0
     x[2::32] = -0.0
     k = 400
-    ys = torch.stack([q.decode(q.encode(x, seed=s), seed=s) for s in range(k)]).double()
+    ys = torch.stack([_roundtrip(q, x, s) for s in range(k)]).double()
     small = x.abs() < 1 / 15
     assert ((ys[:, small] > 0).any(0) & (ys[:, small] < 0).any(0)).float().mean() > 0.99
     if not dither:  # undithered codes decode to the levels themselves
@@ -368,8 +375,8 @@ def test_midrise_levels_lower_the_dithered_error_by_the_step_ratio():
     for mid in (False, True):
         q = BlockQuantizer(EpsilonFormat(4, 0.0, midrise=mid), group_size=32, scale="bf16",
                            rounding="stochastic", dither=True)
-        mse[mid] = float(np.mean([((q.decode(q.encode(x, seed=s), seed=s) - x) ** 2)
-                                  .mean().item() for s in range(8)]))
+        mse[mid] = float(np.mean([((_roundtrip(q, x, s) - x) ** 2).mean().item()
+                                  for s in range(8)]))
     assert 0.82 < mse[True] / mse[False] < 0.92, mse
 
 

@@ -655,8 +655,10 @@ def encode_keyed(c0, c1, x, nblocks, rows, codes, scales, supers, tables, consts
         load_rows(x, rows, t0, cnt, t)
         for i in range(cnt):
             b = t0 + U(i)
-            encode_task(t, U(i) * U(BLOCK), b, 1, codes, scales, supers, tables, consts,
-                        block_rand(keys, b, world), w, y, cb)
+            # a count of one as int64, the type encode passes: a literal 1 would compile
+            # encode_task and its passes a second time
+            encode_task(t, U(i) * U(BLOCK), b, np.int64(1), codes, scales, supers, tables,
+                        consts, block_rand(keys, b, world), w, y, cb)
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
