@@ -75,6 +75,14 @@ def lagrangian_choice(energy: np.ndarray, options: list[WidthOption], lam: float
     return np.argmin(obj, axis=1)
 
 
+def _cheapest(err: np.ndarray, cost: np.ndarray) -> int:
+    """The cheapest affordable option of one super-group, the most accurate among equally cheap
+    ones (then the first): an equally cheap, less accurate option is never worth sending, and
+    no upgrade leads from it to the other (costs tie where a partial super-group's are cut)."""
+    return min((o for o in range(cost.size) if np.isfinite(cost[o])),
+               key=lambda o: (cost[o], err[o], o))
+
+
 def _hull_path(err: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lower convex hull of one super-group's options ``(c, v)``, cheapest to most accurate.
 
@@ -91,7 +99,7 @@ def _hull_path(err: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarra
         the farthest is taken, so one upgrade covers a straight hull edge.
     """
     finite = np.isfinite(cost)
-    cur = int(np.argmin(cost))
+    cur = _cheapest(err, cost)
     # the most accurate affordable option, the cheaper one among equal errors
     b = min((o for o in range(cost.size) if finite[o]), key=lambda o: (err[o], cost[o], o))
     vertices, derr, dcost = [cur], [], []
@@ -369,7 +377,7 @@ def allocate(energy: np.ndarray, options: list[WidthOption], budget: float, stat
     b = int(np.argmin(err))
     for rows in classes:
         row = cost[rows[0]]
-        c0 = int(np.argmin(row))
+        c0 = _cheapest(err, row)
         cheapest[rows] = c0
         floor += rows.size * float(row[c0])
         ceiling += rows.size * float(row[b])

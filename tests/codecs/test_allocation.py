@@ -313,7 +313,9 @@ def _walk(energy, options, budget, costs):
     top = float(fin.max()) if fin.size and fin.max() > 0 else 1.0
     e = np.where(np.isfinite(e), e / top, 2.0**100)
     e = np.where(e < RELATIVE_FLOOR, 0.0, e)
-    choice = np.argmin(costs, axis=1)
+    # per row the cheapest option, the most accurate among equally cheap ones
+    choice = np.array([min((o for o in range(len(row)) if np.isfinite(row[o])),
+                           key=lambda o, row=row: (row[o], err[o], o)) for row in costs])
     ups = []
     for j, row in enumerate(costs):
         ok = [o for o in range(len(row)) if np.isfinite(row[o])]
@@ -333,6 +335,15 @@ def _walk(energy, options, budget, costs):
         choice[j] = nxt
         left -= extra
     return choice
+
+
+def test_equally_cheap_options_start_from_the_more_accurate():
+    # a partial last super-group can have its options cut to equal costs: its allocation starts
+    # from the more accurate of them (no upgrade leads from one to the other)
+    options = [WidthOption(2, 1.0, 10.0), WidthOption(4, 0.5, 20.0)]
+    costs = np.array([[10.0, 20.0], [1.0, 1.0]])
+    assert allocate(np.array([1.0, 1.0]), options, 15.0, {}, costs).tolist() == [0, 1]
+    assert allocate(np.array([1.0, 1.0]), options, 11.0, {}, costs).tolist() == [0, 1]
 
 
 @given(st.lists(_energy, min_size=1, max_size=300), _option_sets, st.floats(0.02, 0.98),
