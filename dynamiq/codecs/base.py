@@ -150,9 +150,12 @@ class PartialSumCodec:
         beyond its registered :attr:`statistics` (see :meth:`local_metadata`)."""
         return 0
 
-    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
+                       ) -> dict[str, tuple[torch.Tensor, str]]:
         """Codec-specific metadata of one rank's vector: ``name → (float64 tensor, reduce)``
-        with ``reduce`` in ``("sum", "max")``; combined across ranks like the statistics."""
+        with ``reduce`` in ``("sum", "max")``; combined across ranks like the statistics.
+        ``backend`` is the call's kernel backend, for a codec that codes values here (the
+        same as its hops use, so that a call compiles no other backend's kernels)."""
         return {}
 
     def prepare(self, stats: Mapping[str, torch.Tensor], length: int, world_size: int,

@@ -184,7 +184,8 @@ class IntSum(DecodeHops, PartialSumCodec):
         blocks = -(-length // self.block)
         return (16 * blocks if self.clamp is not None else 0) + (32 * blocks if self.first else 0)
 
-    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
+                       ) -> dict[str, tuple[torch.Tensor, str]]:
         """This rank's block scales (max-reduced) and first coordinates (summed)."""
         return ClampedGrid.local_metadata(self, y)
 

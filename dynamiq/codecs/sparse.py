@@ -238,7 +238,8 @@ class Sparse(PartialSumCodec):
         order = torch.sort(-energy, stable=True).indices
         return order[:k]
 
-    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
+                       ) -> dict[str, tuple[torch.Tensor, str]]:
         """This rank's top-``k`` blocks by norm as a float64 0/1 indicator (max-reduced)."""
         e = self._energies(y)
         k = self._k(y.numel(), state)

@@ -331,7 +331,8 @@ def local_metadata(p: Pipeline, y: torch.Tensor, states: dict, backend: str = "a
     """One rank's metadata: the declared statistics and the codecs' own values.
 
     ``backend`` chooses the statistics kernel (see
-    :func:`~dynamiq.collectives.statistics.local_statistics`).
+    :func:`~dynamiq.collectives.statistics.local_statistics`) and the kernels of any coding
+    a codec does for its metadata.
 
     Returns:
         ``(values, reduces)``: name → float64 tensor, and name → ``"sum" | "max"``.
@@ -339,7 +340,7 @@ def local_metadata(p: Pipeline, y: torch.Tensor, states: dict, backend: str = "a
     values = local_statistics(p.statistics, y, backend)
     reduces = {n: STATISTICS[n].reduce for n in p.statistics}
     for c in p.codecs:
-        for name, (t, kind) in c.local_metadata(y, states.setdefault(c, {})).items():
+        for name, (t, kind) in c.local_metadata(y, states.setdefault(c, {}), backend).items():
             if name in values:
                 raise ValueError(f"codec {c} redefines metadata {name!r}")
             values[name] = t.to(torch.float64)

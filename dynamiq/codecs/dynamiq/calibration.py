@@ -50,7 +50,7 @@ CALIBRATION_ENERGY = "dynamiq.calibration.energy"
 _CALIBRATION_STREAM = (0xCA11B,)
 
 
-def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
+def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int, backend: str = "auto"
                      ) -> dict[str, tuple[torch.Tensor, str]]:
     """One rank's calibration sums: every option's squared error on a sample of ``y``.
 
@@ -58,6 +58,8 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
         y: float32 ``[d]``, the rank's vector.
         quantizers: The codec's quantizer per option (``None``: BF16, not sampled).
         seed: Seed of the sample's rounding.
+        backend: Kernel backend that codes the sample, on ``y``'s device (the call's own:
+            every backend gives the same bits, and no other backend's kernels get compiled).
 
     Returns:
         ``{CALIBRATION_ERRORS: (float64 [options], "sum"), CALIBRATION_ENERGY: (float64 [2],
@@ -92,10 +94,11 @@ def calibration_sums(y: torch.Tensor, quantizers: Sequence, seed: int
     x = xc[idx].cpu().double()
     x = (x / x.norm(dim=1, keepdim=True)).float().reshape(-1).contiguous()
     x64 = x.double()
+    xd = x.to(whole.device)
     for i, q in enumerate(quantizers):
         xh = (x.to(torch.bfloat16).float() if q is None
-              else q.decode(q.encode(x, seed=seed, stream=_CALIBRATION_STREAM),
-                            seed=seed, stream=_CALIBRATION_STREAM))
+              else q.decode(q.encode(xd, seed=seed, stream=_CALIBRATION_STREAM, backend=backend),
+                            seed=seed, stream=_CALIBRATION_STREAM, backend=backend).cpu())
         errs[i] = float(((xh.double() - x64) ** 2).sum())
     # exact zeros inside non-zero super-groups: a sparse gradient's (rows that only some ranks
     # touch), whose heavy tails fill in when the ranks' contributions add up

@@ -457,12 +457,14 @@ class DynamiQ(PartialSumCodec):
         sampled energy and its share of zeros); nothing otherwise."""
         return 32 * (len(self.options) + 2) if self.target is not None and self.variable else 0
 
-    def local_metadata(self, y: torch.Tensor, state: dict) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
+                       ) -> dict[str, tuple[torch.Tensor, str]]:
         """With a :attr:`target`: this rank's calibration sums (see
-        :func:`~dynamiq.codecs.dynamiq.target.calibration_sums`), sum-reduced."""
+        :func:`~dynamiq.codecs.dynamiq.calibration.calibration_sums`, coded on ``backend``),
+        sum-reduced."""
         if self.target is None or not self.variable:
             return {}
-        return calibration_sums(y, self.quantizers, self.seed)
+        return calibration_sums(y, self.quantizers, self.seed, backend)
 
     def _costs(self, m: int, length: int) -> np.ndarray:
         """float64 ``[m, options]``: wire bits of every option for every super-group (a partial

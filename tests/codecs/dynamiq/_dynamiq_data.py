@@ -4,6 +4,9 @@ compared through ``view(int32)``)."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -58,3 +61,14 @@ def segment_bytes(codec: DynamiQ, choice: np.ndarray, n: int) -> int:
         g = q.group_size
         total += -(-coords // g) * (g * q.element.bits // 8 + 1) + q.super_scale.bits // 8
     return total
+
+
+def run_with_fresh_kernel_cache(tmp_path, code: str) -> tuple[str, list[str]]:
+    """Run ``code`` in a new Python process with empty kernel and Numba caches: its standard
+    output, and the names of the files it wrote into the kernel cache."""
+    kernels = tmp_path / "kernels"
+    env = dict(os.environ, DYNAMIQ_KERNEL_CACHE=str(kernels),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300,
+                         capture_output=True, text=True).stdout
+    return out, sorted(p.name for p in kernels.rglob("*")) if kernels.exists() else []

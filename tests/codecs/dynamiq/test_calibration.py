@@ -1,8 +1,11 @@
 """The targeted mode's calibration: the sample, its factors and its share of zeros."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
+from _dynamiq_data import run_with_fresh_kernel_cache
 
 from dynamiq.codecs import DynamiQ
 from dynamiq.codecs.dynamiq.calibration import (
@@ -68,3 +71,24 @@ def test_calibration_sample_weighs_every_nonzero_super_group_alike():
     few[:5 * 256] = torch.randn(5 * 256, generator=g)
     assert float(calibration_sums(few, codec.quantizers, 0)[CALIBRATION_ENERGY][0][0]) == \
         pytest.approx(5.0)
+
+
+def test_the_sample_is_coded_on_the_calls_backend(tmp_path):
+    """A targeted call codes its calibration sample with the kernels its hops use: simulated on
+    the reference backend it writes nothing into a fresh kernel cache (a GPU call likewise
+    compiles no CPU kernel), and the sums equal those of the Numba kernels bit for bit."""
+    out, made = run_with_fresh_kernel_cache(
+        tmp_path, "import json, torch, dynamiq\n"
+        "x = torch.randn(4, 8192, generator=torch.Generator().manual_seed(0))\n"
+        "r = dynamiq.simulate('dynamiq(target=1e-3)@ring', x, track_hops=False,\n"
+        "                     backend='reference')\n"
+        "print(json.dumps(r.vnmse))\n")
+    assert made == []
+    assert 0 < json.loads(out) < 1
+    codec = DynamiQ(target=1e-3)
+    x = torch.randn(1 << 15, generator=torch.Generator().manual_seed(1))
+    ref = calibration_sums(x, codec.quantizers, 3, "reference")
+    nb = calibration_sums(x, codec.quantizers, 3, "numba")
+    assert ref.keys() == nb.keys()
+    for name, (t, kind) in ref.items():
+        assert kind == nb[name][1] and torch.equal(t, nb[name][0]), name

@@ -13,11 +13,9 @@ What is checked:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from _dynamiq_data import run_with_fresh_kernel_cache
 
 from dynamiq.codecs.dynamiq import DynamiQ, measured_error, width_options
 from dynamiq.metadata import SUPER_GROUP as SG
@@ -38,21 +36,10 @@ def test_construction_measures_nothing_until_first_use():
     assert codec.width_options is opts
 
 
-def _run_with_fresh_kernel_cache(tmp_path, code: str) -> tuple[str, list[str]]:
-    """Run ``code`` in a new Python process with empty kernel and Numba caches: its standard
-    output, and the names of the files it wrote into the kernel cache."""
-    kernels = tmp_path / "kernels"
-    env = dict(os.environ, DYNAMIQ_KERNEL_CACHE=str(kernels),
-               NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300,
-                         capture_output=True, text=True).stdout
-    return out, sorted(p.name for p in kernels.rglob("*")) if kernels.exists() else []
-
-
 def test_import_compiles_no_kernel(tmp_path):
     """``import dynamiq`` (which builds every registered pipeline's codec) and building a DynamiQ
     codec write nothing into a fresh kernel cache."""
-    _, made = _run_with_fresh_kernel_cache(
+    _, made = run_with_fresh_kernel_cache(
         tmp_path, "import dynamiq\n"
         "c = dynamiq.DynamiQ(widths=(2, 5, 16), group_size=(16, 32))\n"
         "assert c.option_keys and c.max_wire_bytes(300) == 600\n")
@@ -64,7 +51,7 @@ def test_measuring_compiles_no_kernel(tmp_path):
     for) writes nothing into a fresh kernel cache: a pipeline whose hops run on another
     backend compiles no CPU kernel for its options. The errors equal those measured through
     the Numba kernels, bit for bit."""
-    out, made = _run_with_fresh_kernel_cache(
+    out, made = run_with_fresh_kernel_cache(
         tmp_path, "import json, dynamiq\n"
         "c = dynamiq.DynamiQ(widths=(2, 5, 8, 16), group_size=(32, 64))\n"
         "print(json.dumps([o.error for o in c.width_options]))\n")
