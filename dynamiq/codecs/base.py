@@ -43,12 +43,17 @@ from dynamiq.spec import build
 __all__ = [
     "CODECS",
     "HopContext",
+    "Metadata",
     "PartialSumCodec",
     "get_codec",
     "hop_kernels",
 ]
 
 CODECS: Registry[type] = Registry("partial-sum codec")
+
+#: A codec's own metadata of one rank's vector (:meth:`PartialSumCodec.local_metadata`):
+#: ``name → (float64 tensor, reduce)``, ``reduce`` in ``("sum", "max")``.
+Metadata = dict[str, tuple[torch.Tensor, str]]
 
 
 @dataclass(frozen=True)
@@ -150,8 +155,7 @@ class PartialSumCodec:
         beyond its registered :attr:`statistics` (see :meth:`local_metadata`)."""
         return 0
 
-    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
-                       ) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto") -> Metadata:
         """Codec-specific metadata of one rank's vector: ``name → (float64 tensor, reduce)``
         with ``reduce`` in ``("sum", "max")``; combined across ranks like the statistics.
         ``backend`` is the call's kernel backend, for a codec that codes values here (the

@@ -59,6 +59,7 @@ from dynamiq.codecs.base import (
     CODECS,
     DecodeHops,
     HopContext,
+    Metadata,
     PartialSumCodec,
     _check_chunk,
     check_message,
@@ -184,8 +185,7 @@ class IntSum(DecodeHops, PartialSumCodec):
         blocks = -(-length // self.block)
         return (16 * blocks if self.clamp is not None else 0) + (32 * blocks if self.first else 0)
 
-    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
-                       ) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto") -> Metadata:
         """This rank's block scales (max-reduced) and first coordinates (summed)."""
         return ClampedGrid.local_metadata(self, y)
 

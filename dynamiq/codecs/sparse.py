@@ -58,6 +58,7 @@ import torch
 from dynamiq.codecs.base import (
     CODECS,
     HopContext,
+    Metadata,
     PartialSumCodec,
     _check_chunk,
     check_writeback,
@@ -235,11 +236,9 @@ class Sparse(PartialSumCodec):
     @staticmethod
     def _top(energy: torch.Tensor, k: int) -> torch.Tensor:
         """Indices of the ``k`` largest entries (ties: lower index first)."""
-        order = torch.sort(-energy, stable=True).indices
-        return order[:k]
+        return torch.sort(-energy, stable=True).indices[:k]
 
-    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
-                       ) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto") -> Metadata:
         """This rank's top-``k`` blocks by norm as a float64 0/1 indicator (max-reduced)."""
         e = self._energies(y)
         k = self._k(y.numel(), state)

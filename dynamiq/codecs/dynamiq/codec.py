@@ -20,6 +20,7 @@ from dynamiq.codecs.allocation import WidthOption, allocate
 from dynamiq.codecs.base import (
     CODECS,
     HopContext,
+    Metadata,
     PartialSumCodec,
     _check_chunk,
     check_writeback,
@@ -457,8 +458,7 @@ class DynamiQ(PartialSumCodec):
         sampled energy and its share of zeros); nothing otherwise."""
         return 32 * (len(self.options) + 2) if self.target is not None and self.variable else 0
 
-    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto"
-                       ) -> dict[str, tuple[torch.Tensor, str]]:
+    def local_metadata(self, y: torch.Tensor, state: dict, backend: str = "auto") -> Metadata:
         """With a :attr:`target`: this rank's calibration sums (see
         :func:`~dynamiq.codecs.dynamiq.calibration.calibration_sums`, coded on ``backend``),
         sum-reduced."""
