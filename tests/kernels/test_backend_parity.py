@@ -128,6 +128,7 @@ MIDRISE_CASES = [
     {"element": EpsilonFormat(6, 0.0, midrise=True), "rounding": "stochastic", "dither": True,
      "scale": "bf16"},
     {"element": EpsilonFormat(5, 0.15, midrise=True), "rounding": "nearest", "scale": "bf16"},
+    {"element": EpsilonFormat(7, 0.08, midrise=True), "rounding": "nearest", "scale": "bf16"},
 ]
 
 

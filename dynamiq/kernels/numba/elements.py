@@ -40,6 +40,8 @@ from dynamiq.kernels.numba.levels import (
     halving_levels,
     level_value,
     lut_bracket,
+    lut_finish,
+    lut_key,
     round_bracket,
     round_index,
 )
@@ -48,8 +50,8 @@ from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, uniform
 __all__ = [
     "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
     "decode_scale", "draw_uniform", "element_code", "element_value", "encode_scale",
-    "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "store_word",
-    "uniform",
+    "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "lut_finish",
+    "lut_key", "round_code", "store_word", "uniform",
 ]
 
 # plain ints, which Numba compiles as constants
@@ -105,54 +107,64 @@ def element_code(y, u, etab, enfin, lut, lshift, lkey0, llen, mbits, family, man
     # and cached on disk) and inlined by LLVM, whose constant folding then drops the other
     # families' branches: inlined into Numba's IR instead, the whole function was deep-copied
     # at each call site of each kernel, a fifth of a cold compile.
+    a = abs(y)
+    top = np.uint32(enfin - 1)
+    if family == 0:
+        lo = np.uint32(lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin))
+        vlo = etab[lo]
+        vhi = etab[min(np.uint32(lo + np.uint32(1)), top)]
+    elif family == 1 and emode == NEAREST:
+        # a level no less than vtop's index codes the top level (see round_code)
+        lo = float_nearest(a, mant, bias)
+        vlo = vhi = np.float32(0.0)
+    elif family == 1:
+        lo, vlo, vhi = float_bracket(a, mant, bias)
+    elif family == 2:
+        lo = np.uint32(min(a, etab[enfin - 1]))
+        vlo = np.float32(lo)
+        vhi = np.float32(np.uint32(lo + np.uint32(1)))
+    elif mbits == 3:
+        lo, vlo, vhi = halving_bracket8(a, levels)
+    elif mbits == 4:
+        lo, vlo, vhi = halving_bracket16(a, levels)
+    else:
+        lo, vlo, vhi = chain_bracket(a, etab, 1 << mbits)
+    return round_code(y, u, lo, vlo, vhi, top, etab[0], mbits, emode, midrise,
+                      family == 1 and emode == NEAREST)
+
+
+@nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def round_code(y, u, lo, vlo, vhi, top, t0, mbits, emode, midrise, rounded):
+    """:func:`element_code` of ``y`` whose magnitude's bracket is known: ``lo`` (uint32) the
+    floor index among the levels, ``vlo``/``vhi`` its level and the next (``vhi`` may be
+    anything when ``lo`` is the top index ``top``), ``t0`` the first level.
+
+    ``rounded`` (a literal): ``lo`` is already the nearest index. The rounding (nearest, ties
+    to the even index; stochastic, up with probability ``(|y| - vlo) / (vhi - vlo)``), the
+    saturation, the mid-rise crossing of zero and the sign, without a load: a kernel that
+    finds the brackets by table loads does so in a loop of its own and codes here in a loop
+    that vectorises.
+    """
     sign = np.float32(y).view(np.uint32) >> np.uint32(31)
     if midrise and emode != NEAREST:
         u = np.float32(1.0) - u if sign != 0 else u
     a = abs(y)
-    if family == 0:
-        # every branch's integers are uint32: Numba unifies a variable's type over all its
-        # assignments (the pruned branches' too), and one uint64 widens every vector lane
-        lo = np.uint32(lut_bracket(a, lut, lshift, lkey0, llen, etab, enfin))
-        m = np.uint32(round_bracket(a, lo, etab, enfin,
-                                    NEAREST if emode == NEAREST else STOCHASTIC, u))
+    # Saturation: every family's floor index reaches the top level exactly when a does, and
+    # a value at or above it codes the top level whichever way it rounds, so the rounding may
+    # use the unclamped bracket and clamp the index last (a minimum of two uint32, which keeps
+    # the vector lanes 32-bit where compares and selects of Numba's integers do not).
+    if rounded:
+        up = False
+    elif emode == NEAREST:
+        dlo = a - vlo
+        dhi = vhi - a
+        up = (dhi < dlo) | ((dhi == dlo) & np.bool_(lo & np.uint32(1)))
     else:
-        top = np.uint32(enfin - 1)
-        vtop = etab[enfin - 1]
-        if family == 1 and emode == NEAREST:
-            # a level no less than vtop's index codes the top level (see below)
-            lo = float_nearest(a, mant, bias)
-            vlo = vhi = np.float32(0.0)
-        elif family == 1:
-            lo, vlo, vhi = float_bracket(a, mant, bias)
-        elif family == 2:
-            lo = np.uint32(min(a, vtop))
-            vlo = np.float32(lo)
-            vhi = np.float32(np.uint32(lo + np.uint32(1)))
-        else:
-            if mbits == 3:
-                lo, vlo, vhi = halving_bracket8(a, levels)
-            elif mbits == 4:
-                lo, vlo, vhi = halving_bracket16(a, levels)
-            else:
-                lo, vlo, vhi = chain_bracket(a, etab, 1 << mbits)
-        # Saturation: every family's floor index reaches the top level exactly when a does,
-        # and a value at or above it codes the top level whichever way it rounds, so the
-        # rounding may use the unclamped bracket and clamp the index last (a minimum of two
-        # uint32, which keeps the vector lanes 32-bit where compares and selects of Numba's
-        # integers do not).
-        if family == 1 and emode == NEAREST:
-            up = False
-        elif emode == NEAREST:
-            dlo = a - vlo
-            dhi = vhi - a
-            up = (dhi < dlo) | ((dhi == dlo) & np.bool_(lo & np.uint32(1)))
-        else:
-            up = u * (vhi - vlo) < a - vlo
-        m = min(np.uint32(lo + np.uint32(up)), top)
+        up = u * (vhi - vlo) < a - vlo
+    m = min(np.uint32(lo + np.uint32(up)), top)
     if midrise and emode != NEAREST:
         # below the first level every bracket above gives code 0 (never "up"); round across
-        # zero instead: the far side -etab[0] when u * 2 etab[0] >= a + etab[0]
-        t0 = etab[0]
+        # zero instead: the far side -t0 when u * 2 t0 >= a + t0
         cross = (a < t0) & (u * (t0 + t0) >= a + t0)
         sign = np.uint32(sign ^ np.uint32(cross))
     return np.uint32(np.uint32(m) | np.uint32(sign << np.uint32(mbits)))

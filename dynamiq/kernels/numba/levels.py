@@ -18,8 +18,8 @@ from dynamiq.kernels.abi import Rounding
 
 __all__ = [
     "chain_bracket", "float_bracket", "float_nearest", "halving_bracket8", "halving_bracket16",
-    "halving_levels", "level_value", "lut_bracket", "round_bracket", "round_index",
-    "search_bracket",
+    "halving_levels", "level_value", "lut_bracket", "lut_finish", "lut_key", "round_bracket",
+    "round_index", "search_bracket",
 ]
 
 # plain ints, which Numba compiles as constants
@@ -77,10 +77,28 @@ def lut_bracket(a, lut, lshift, lkey0, llen, tab, nfin):
     host-built ``lut`` gives, per bucket, the last table index at or below the bucket start, and
     buckets are fine enough to hold at most one table value, so one compare finishes the job.
     """
-    k = np.int64(np.float32(a).view(np.uint32) >> np.uint32(lshift)) - lkey0
-    k = np.uint32(min(max(k, 0), llen - 1))
-    lo = np.uint32(lut[k])
-    return min(lo + np.uint32(tab[lo + np.uint32(1)] <= a), np.uint32(nfin - 1))
+    return lut_finish(a, lut_key(a, lshift, lkey0, llen), lut, tab, nfin)
+
+
+@nb.njit(inline="always", cache=True)
+def lut_finish(a, key, lut, tab, nfin):
+    """:func:`lut_bracket` of ``a >= 0`` whose bucket ``key`` (:func:`lut_key`) is known: the
+    bucket's floor index, and one compare with the level above it (uint32)."""
+    lo = np.uint32(lut[key])
+    return min(np.uint32(lo + np.uint32(tab[lo + np.uint32(1)] <= a)), np.uint32(nfin - 1))
+
+
+@nb.njit(inline="always", cache=True)
+def lut_key(a, lshift, lkey0, llen):
+    """The bucket of ``a >= 0`` in :func:`lut_bracket`'s table (uint32): its float32 bit
+    pattern shifted right by ``lshift``, less ``lkey0``, clamped to ``[0, llen)``.
+
+    Unsigned 32-bit throughout (the maximum before the subtraction keeps it from wrapping), so
+    a loop of keys vectorises with 32-bit lanes.
+    """
+    key = np.uint32(np.float32(a).view(np.uint32) >> np.uint32(lshift))
+    k0 = np.uint32(lkey0)
+    return min(np.uint32(max(key, k0) - k0), np.uint32(llen - 1))
 
 
 @nb.njit(inline="always", cache=True)
