@@ -45,11 +45,11 @@ from dynamiq.kernels.numba.levels import (
     round_bracket,
     round_index,
 )
-from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, uniform
+from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, stratum_steps, uniform
 
 __all__ = [
     "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
-    "decode_scale", "draw_uniform", "element_code", "element_value", "encode_scale",
+    "decode_scale", "draw_uniform", "draw_walked", "element_code", "element_value", "encode_scale",
     "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "lut_finish",
     "lut_key", "round_code", "store_word", "uniform",
 ]
@@ -81,6 +81,19 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx, pow2=False):
         return (np.float32(slot) + g) * (np.float32(1.0) / np.float32(world))
     slot = stratum(hash_u32(p0, p1, gidx), rank, world)
     return (np.float32(slot) + g) / np.float32(world)
+
+
+@nb.njit(inline="always", cache=True)
+def draw_walked(k0, k1, p0, p1, rank, world, m, s, gidx, steps):
+    """:func:`draw_uniform` of correlated rounding over any world, its stratum's cycle walk
+    cut at ``steps`` (a literal, :func:`~dynamiq.kernels.numba.rng.stratum_steps`; ``m``,
+    ``s``: :func:`~dynamiq.kernels.numba.rng.stratum_params`): the same uniform, or -1 for the
+    rare element whose walk is longer (the caller draws it again with :func:`draw_uniform`).
+    """
+    g = uniform(k0, k1, gidx)
+    slot, done = stratum_steps(hash_u32(p0, p1, gidx), rank, world, m, s, steps)
+    u = (np.float32(slot) + g) / np.float32(world)
+    return u if done else np.float32(-1.0)
 
 
 @nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)

@@ -93,3 +93,42 @@ def stratum_pow2(h, rank, world):
     y = U32(U32(U32(a * U32(rank)) + b) & m)
     # uint32, not uint64 like stratum: a 64-bit result would widen the caller's vector lanes
     return U32(y ^ U32(y >> U32(s & U32(31))))
+
+
+@nb.njit(cache=True)
+def stratum_params(world):
+    """``(m, s)`` (uint32) of :func:`stratum`'s permutation for ``world``: the mask of the
+    smallest power of two at or above it, and the permutation's shift. Computed once per
+    loop, outside it."""
+    k = 0
+    while (1 << k) < world:
+        k += 1
+    return U32((1 << k) - 1), U32((k + 1) >> 1)
+
+
+@nb.njit(cache=True)
+def stratum_steps(h, rank, world, m, s, steps):
+    """:func:`stratum` (``m``, ``s``: :func:`stratum_params`) with its cycle walk cut at
+    ``steps`` steps (a literal): ``(slot, done)``, ``slot`` (uint32) the stratum when ``done``.
+
+    No exit depends on the data, so an element loop that calls it vectorises; the walk ends
+    within a few steps for all but a small fraction of elements (each step leaves the world's
+    range with probability below one half), which the caller draws again with
+    :func:`stratum`.
+    """
+    # 32-bit arithmetic: the mask keeps at most 32 low bits, which the products modulo 2**32
+    # give exactly (see stratum_pow2)
+    hh = U32(h)
+    a = U32(U32(hh & m) | U32(1))
+    b = U32(U32(hh >> U32(16)) & m)
+    w = U32(world)
+    x = U32(rank)
+    slot = U32(0)
+    done = False
+    for _ in range(steps):
+        y = U32(U32(U32(a * x) + b) & m)
+        x = U32(y ^ U32(y >> U32(s & U32(31))))
+        first = (x < w) & (not done)
+        slot = x if first else slot
+        done = done | first
+    return slot, done
