@@ -18,63 +18,144 @@ import numpy as np
 import torch
 
 from dynamiq.kernels.abi import SharedScaleCode, Writeback
+from dynamiq.kernels.numba.levels import lut_finish, lut_key
 from dynamiq.kernels.numba.packing import flush_codes, put_code, take_code
 
 __all__ = ["decode", "encode", "recompress"]
 
 
-@nb.njit(inline="always", cache=True)
-def _bracket(t, tab, nfin, lut, lshift, lkey0):
-    """Last index ``j`` with ``tab[j] <= t`` (``t >= 0``), in O(1) with the bucket lookup of
-    :func:`dynamiq.kernels.tables.bucket_lut`: buckets hold at most one table value, so the
-    bucket's entry plus one compare settles it."""
-    k = np.int64(np.float32(t).view(np.uint32) >> np.uint32(lshift)) - lkey0
-    k = min(max(k, 0), lut.size - 1)
-    lo = np.int64(lut[k])
-    return min(lo + np.int64(tab[lo + 1] <= t), nfin - 1)
+#: Coordinates coded per pass: the pass's scratch arrays stay in the first-level cache.
+TASK = 2048
 
 
 @nb.njit(inline="always", cache=True)
-def _nearest_code(v, s, tab, nfin, lut, lshift, lkey0, mbits, nan_code):
-    """Sign-magnitude code of the decoded level ``tab[j] * s`` nearest to ``v``.
+def _task_scales(scales, block, i0, n, sv):
+    """``sv[i]`` = the scale of coordinate ``i0 + i``, ``i < n``: per-element scales, so that
+    the loops that use them read contiguous arrays and vectorise."""
+    i = 0
+    while i < n:
+        j = (i0 + i) // block
+        s = scales[j]
+        stop = min(n, (j + 1) * block - i0)
+        for k in range(i, stop):
+            sv[k] = s
+        i = stop
 
-    Written with selects rather than branches where the outcome is data-dependent (which
-    neighbour is nearer, the sign): mispredicted branches cost more than the arithmetic.
+
+@nb.njit(inline="always", cache=True)
+def _code_task(v, sv, n, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb, vl, vh, cb):
+    """``cb[i]`` = sign-magnitude code of ``v[i]`` under scale ``sv[i]``, ``i < n``: the
+    decoded level ``tab[j] * s`` nearest to ``v`` (ties to the even magnitude code),
+    saturating at the largest, ``nan_code`` for a non-finite value or scale.
+
+    Three loops: the bucket keys of ``|v| / s`` (vectorised), the bracket by the table's
+    bucket lookup (:func:`dynamiq.kernels.tables.bucket_lut`), settled on the decoded levels
+    themselves, in a scalar loop of table loads, and the rounding from the bracket
+    (vectorised). In one loop, the loads kept everything scalar.
     """
-    a = abs(v)
-    lo = _bracket(a / s, tab, nfin, lut, lshift, lkey0)
-    # a / s may be off by one rounding (scales that are not powers of two): settle the bracket
-    # on the decoded levels themselves (never taken for power-of-two scales)
-    while lo > 0 and tab[lo] * s > a:
-        lo -= 1
-    while lo < nfin - 1 and tab[lo + 1] * s <= a:
-        lo += 1
-    hi = min(lo + 1, nfin - 1)
-    d1 = np.float64(a) - np.float64(tab[lo] * s)  # exact in float64
-    d2 = np.float64(tab[hi] * s) - np.float64(a)
-    # nearer neighbour, ties to the even magnitude code; at the top (hi == lo) d2 <= 0 <= d1
-    # and the min() saturates
-    up = np.int64(d2 < d1) | (np.int64(d2 == d1) & (lo & 1))
-    mag = min(lo + up, nfin - 1)
-    # never -0: formats without a NaN code use that pattern for NaN
-    neg = np.int64(v < 0) & np.int64(mag != 0)
-    code = mag | (neg << mbits)
-    if np.isfinite(v) and np.isfinite(s):
-        return code
-    return np.int64(nan_code)
+    llen = lut.size
+    for i in range(n):
+        kb[i] = lut_key(abs(v[i]) / sv[i], lshift, lkey0, llen)
+    top = np.uint32(nfin - 1)
+    for i in range(n):
+        a = abs(v[i])
+        s = sv[i]
+        lo = np.int64(lut_finish(a / s, kb[i], lut, tab, nfin))
+        # a / s may be off by one rounding (scales that are not powers of two): settle the
+        # bracket on the decoded levels themselves (never taken for power-of-two scales)
+        while lo > 0 and tab[lo] * s > a:
+            lo -= 1
+        while lo < nfin - 1 and tab[lo + 1] * s <= a:
+            lo += 1
+        kb[i] = np.uint32(lo)
+        vl[i] = tab[lo] * s
+        vh[i] = tab[min(lo + 1, nfin - 1)] * s
+    for i in range(n):
+        x = v[i]
+        a = abs(x)
+        lo = kb[i]
+        d1 = np.float64(a) - np.float64(vl[i])  # exact in float64
+        d2 = np.float64(vh[i]) - np.float64(a)
+        # nearer neighbour, ties to the even magnitude code; at the top d2 <= 0 <= d1 and the
+        # minimum saturates
+        up = np.uint32((d2 < d1) | ((d2 == d1) & ((lo & np.uint32(1)) == np.uint32(1))))
+        mag = min(np.uint32(lo + up), top)
+        # never -0: formats without a NaN code use that pattern for NaN
+        neg = np.uint32((x < 0) & (mag != np.uint32(0)))
+        code = np.uint32(mag | np.uint32(neg << np.uint32(mbits)))
+        # finite value and scale: exponent bits not all ones, on the bit patterns (no branch)
+        fin = ((np.float32(x).view(np.uint32) & np.uint32(0x7F800000)) != np.uint32(0x7F800000)) \
+            & ((np.float32(sv[i]).view(np.uint32) & np.uint32(0x7F800000))
+               != np.uint32(0x7F800000))
+        cb[i] = code if fin else np.uint32(nan_code)
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always", cache=True)
+def _put_task(out, state, cb, n, bits):
+    """Append the codes ``cb[:n]`` to the stream; ``state`` is the writer's ``(wacc, wn,
+    pos)``, returned updated.
+
+    A task holds ``TASK`` codes, a whole number of bytes at every width, so every task but a
+    partial last one starts and ends on a byte boundary: 8- and 4-bit codes are then stored
+    as bytes and nibble pairs in a loop that vectorises, other widths through the bit stream.
+    """
+    wacc, wn, pos = state
+    if wn == 0 and bits == 8:
+        for i in range(n):
+            out[pos + i] = np.uint8(cb[i])
+        return wacc, wn, pos + n
+    if wn == 0 and bits == 4:
+        half = n // 2
+        for i in range(half):
+            out[pos + i] = np.uint8(cb[2 * i] | (cb[2 * i + 1] << np.uint32(4)))
+        pos += half
+        if n % 2:
+            wacc, wn, pos = put_code(out, wacc, wn, pos, cb[n - 1], bits)
+        return wacc, wn, pos
+    for i in range(n):
+        wacc, wn, pos = put_code(out, wacc, wn, pos, cb[i], bits)
+    return wacc, wn, pos
+
+
+@nb.njit(inline="always", cache=True)
+def _take_task(data, state, cb, n, bits):
+    """Inverse of :func:`_put_task`: the next ``n`` codes of the stream into ``cb``;
+    ``state`` is the reader's ``(racc, rn, pos)``, returned updated."""
+    racc, rn, pos = state
+    if rn == 0 and bits == 8:
+        for i in range(n):
+            cb[i] = np.uint32(data[pos + i])
+        return racc, rn, pos + n
+    if rn == 0 and bits == 4 and n % 2 == 0:
+        for i in range(n // 2):
+            b = np.uint32(data[pos + i])
+            cb[2 * i] = b & np.uint32(0xF)
+            cb[2 * i + 1] = b >> np.uint32(4)
+        return racc, rn, pos + n // 2
+    mask = np.uint64((1 << bits) - 1)
+    for i in range(n):
+        code, racc, rn, pos = take_code(data, racc, rn, pos, bits, mask)
+        cb[i] = np.uint32(code)
+    return racc, rn, pos
+
+
+@nb.njit(cache=True, error_model="numpy")
 def _encode(x, scales, block, tab, nfin, lut, lshift, lkey0, mbits, nan_code, out):
     bits = mbits + 1
     n = x.size
-    wacc, wn, pos = np.uint64(0), 0, 0
-    for j in range((n + block - 1) // block):
-        s = scales[j]
-        for i in range(j * block, min(n, (j + 1) * block)):
-            code = _nearest_code(x[i], s, tab, nfin, lut, lshift, lkey0, mbits, nan_code)
-            wacc, wn, pos = put_code(out, wacc, wn, pos, code, bits)
-    flush_codes(out, wacc, wn, pos)
+    sv = np.empty(TASK, np.float32)
+    kb = np.empty(TASK, np.uint32)
+    vl = np.empty(TASK, np.float32)
+    vh = np.empty(TASK, np.float32)
+    cb = np.empty(TASK, np.uint32)
+    state = (np.uint64(0), 0, 0)
+    for i0 in range(0, n, TASK):
+        m = min(TASK, n - i0)
+        _task_scales(scales, block, i0, m, sv)
+        _code_task(x[i0:i0 + m], sv, m, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb,
+                   vl, vh, cb)
+        state = _put_task(out, state, cb, m, bits)
+    flush_codes(out, state[0], state[1], state[2])
 
 
 @nb.njit(cache=True)
@@ -93,26 +174,37 @@ def _decode(data, scales, block, dec, bits, out, mode):
                 out[i] = val
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, error_model="numpy")
 def _recompress(data, acc, scales, block, tab, nfin, lut, lshift, lkey0, mbits, nan_code, dec,
                 out, mode):
     bits = mbits + 1
-    mask = np.uint64((1 << bits) - 1)
     n = acc.size
-    racc, rn, rpos = np.uint64(0), 0, 0
-    wacc, wn, wpos = np.uint64(0), 0, 0
-    for j in range((n + block - 1) // block):
-        s = scales[j]
-        for i in range(j * block, min(n, (j + 1) * block)):
-            code, racc, rn, rpos = take_code(data, racc, rn, rpos, bits, mask)
-            v = acc[i] + dec[code] * s
-            new = _nearest_code(v, s, tab, nfin, lut, lshift, lkey0, mbits, nan_code)
-            if mode == 1:
-                acc[i] = v
-            elif mode == 2:
-                acc[i] = dec[new] * s
-            wacc, wn, wpos = put_code(out, wacc, wn, wpos, new, bits)
-    flush_codes(out, wacc, wn, wpos)
+    sv = np.empty(TASK, np.float32)
+    kb = np.empty(TASK, np.uint32)
+    vl = np.empty(TASK, np.float32)
+    vh = np.empty(TASK, np.float32)
+    cb = np.empty(TASK, np.uint32)
+    v = np.empty(TASK, np.float32)
+    reader = (np.uint64(0), 0, 0)
+    state = (np.uint64(0), 0, 0)
+    for i0 in range(0, n, TASK):
+        m = min(TASK, n - i0)
+        _task_scales(scales, block, i0, m, sv)
+        # the incoming codes and their levels (table loads, a scalar loop), then the sums
+        reader = _take_task(data, reader, cb, m, bits)
+        for i in range(m):
+            v[i] = dec[cb[i]]
+        for i in range(m):
+            v[i] = acc[i0 + i] + v[i] * sv[i]
+        _code_task(v, sv, m, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb, vl, vh, cb)
+        if mode == 1:
+            for i in range(m):
+                acc[i0 + i] = v[i]
+        elif mode == 2:
+            for i in range(m):
+                acc[i0 + i] = dec[cb[i]] * sv[i]
+        state = _put_task(out, state, cb, m, bits)
+    flush_codes(out, state[0], state[1], state[2])
 
 
 def _tables(code: SharedScaleCode) -> tuple:
