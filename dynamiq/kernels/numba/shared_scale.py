@@ -62,14 +62,22 @@ def _code_task(v, sv, n, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb, vl,
         s = sv[i]
         lo = np.int64(lut_finish(a / s, kb[i], lut, tab, nfin))
         # a / s may be off by one rounding (scales that are not powers of two): settle the
-        # bracket on the decoded levels themselves (never taken for power-of-two scales)
-        while lo > 0 and tab[lo] * s > a:
-            lo -= 1
-        while lo < nfin - 1 and tab[lo + 1] * s <= a:
-            lo += 1
+        # bracket on the decoded levels themselves (never taken for power-of-two scales); the
+        # first step of each walk tests the levels that the rounding needs anyway
+        lv = tab[lo] * s
+        if lo > 0 and lv > a:
+            while lo > 0 and tab[lo] * s > a:
+                lo -= 1
+            lv = tab[lo] * s
+        hv = tab[min(lo + 1, nfin - 1)] * s
+        if lo < nfin - 1 and hv <= a:
+            while lo < nfin - 1 and tab[lo + 1] * s <= a:
+                lo += 1
+            lv = tab[lo] * s
+            hv = tab[min(lo + 1, nfin - 1)] * s
         kb[i] = np.uint32(lo)
-        vl[i] = tab[lo] * s
-        vh[i] = tab[min(lo + 1, nfin - 1)] * s
+        vl[i] = lv
+        vh[i] = hv
     for i in range(n):
         x = v[i]
         a = abs(x)
@@ -158,20 +166,26 @@ def _encode(x, scales, block, tab, nfin, lut, lshift, lkey0, mbits, nan_code, ou
     flush_codes(out, state[0], state[1], state[2])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, error_model="numpy")
 def _decode(data, scales, block, dec, bits, out, mode):
-    mask = np.uint64((1 << bits) - 1)
     n = out.size
-    racc, rn, pos = np.uint64(0), 0, 0
-    for j in range((n + block - 1) // block):
-        s = scales[j]
-        for i in range(j * block, min(n, (j + 1) * block)):
-            code, racc, rn, pos = take_code(data, racc, rn, pos, bits, mask)
-            val = dec[code] * s
-            if mode == 1:
-                out[i] = out[i] + val
-            else:
-                out[i] = val
+    sv = np.empty(TASK, np.float32)
+    cb = np.empty(TASK, np.uint32)
+    v = np.empty(TASK, np.float32)
+    reader = (np.uint64(0), 0, 0)
+    for i0 in range(0, n, TASK):
+        m = min(TASK, n - i0)
+        _task_scales(scales, block, i0, m, sv)
+        reader = _take_task(data, reader, cb, m, bits)
+        # the levels in a loop of table loads of its own, so that the next one vectorises
+        for i in range(m):
+            v[i] = dec[cb[i]]
+        if mode == 1:
+            for i in range(m):
+                out[i0 + i] = out[i0 + i] + v[i] * sv[i]
+        else:
+            for i in range(m):
+                out[i0 + i] = v[i] * sv[i]
 
 
 @nb.njit(cache=True, error_model="numpy")
