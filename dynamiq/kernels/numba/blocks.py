@@ -56,6 +56,8 @@ SERIAL_BELOW = 1 << 17
 _TEMPLATE = Path(__file__).with_name("_blocks.py")
 _HEADER = re.compile(r"# --- spec ---\n.*?# --- end spec ---\n", re.S)
 _loaded: dict[KernelSpec, ModuleType] = {}
+#: ``(module, kernel name)`` of the generated kernels known to be compiled (see :func:`_call`).
+_compiled: set[tuple[ModuleType, str]] = set()
 _args: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -147,11 +149,15 @@ def _call(mod: ModuleType, name: str, nblocks: int, *args) -> None:
     """
     fn = getattr(mod, name)
     ntasks = -(-nblocks // mod.TASK)
-    if fn.signatures:
+    # whether the kernel is compiled, remembered: Numba's ``signatures`` hashes every
+    # signature's types on each read, which cost more than coding a small chunk
+    if (mod, name) in _compiled or fn.signatures:
+        _compiled.add((mod, name))
         run_tasks(fn, ntasks, *args)
         return
     with _compile_lock(Path(mod.__file__).with_suffix(f".{name}.lock")):
         fn(0, ntasks, *args)
+    _compiled.add((mod, name))
 
 
 def kernel_args(code: BlockCode) -> tuple[tuple, tuple]:
