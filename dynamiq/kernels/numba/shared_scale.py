@@ -147,39 +147,48 @@ def _take_task(data, state, cb, n, bits):
     return racc, rn, pos
 
 
+@nb.njit(inline="always", cache=True)
+def _scratch():
+    """A pass's arrays: per-element scales, bracket indices, the levels below and above,
+    codes, values."""
+    return (np.empty(TASK, np.float32), np.empty(TASK, np.uint32), np.empty(TASK, np.float32),
+            np.empty(TASK, np.float32), np.empty(TASK, np.uint32), np.empty(TASK, np.float32))
+
+
+@nb.njit(inline="always", cache=True)
+def _take_levels(data, reader, cb, v, n, bits, dec):
+    """The next ``n`` codes of the stream into ``cb`` and their levels ``dec[code]`` into
+    ``v``, in a loop of table loads of its own, so that the loop that scales them
+    vectorises; returns the reader's state."""
+    reader = _take_task(data, reader, cb, n, bits)
+    for i in range(n):
+        v[i] = dec[cb[i]]
+    return reader
+
+
 @nb.njit(cache=True, error_model="numpy")
 def _encode(x, scales, block, tab, nfin, lut, lshift, lkey0, mbits, nan_code, out):
-    bits = mbits + 1
     n = x.size
-    sv = np.empty(TASK, np.float32)
-    kb = np.empty(TASK, np.uint32)
-    vl = np.empty(TASK, np.float32)
-    vh = np.empty(TASK, np.float32)
-    cb = np.empty(TASK, np.uint32)
+    sv, kb, vl, vh, cb, _ = _scratch()
     state = (np.uint64(0), 0, 0)
     for i0 in range(0, n, TASK):
         m = min(TASK, n - i0)
         _task_scales(scales, block, i0, m, sv)
         _code_task(x[i0:i0 + m], sv, m, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb,
                    vl, vh, cb)
-        state = _put_task(out, state, cb, m, bits)
+        state = _put_task(out, state, cb, m, mbits + 1)
     flush_codes(out, state[0], state[1], state[2])
 
 
 @nb.njit(cache=True, error_model="numpy")
 def _decode(data, scales, block, dec, bits, out, mode):
     n = out.size
-    sv = np.empty(TASK, np.float32)
-    cb = np.empty(TASK, np.uint32)
-    v = np.empty(TASK, np.float32)
+    sv, _, _, _, cb, v = _scratch()
     reader = (np.uint64(0), 0, 0)
     for i0 in range(0, n, TASK):
         m = min(TASK, n - i0)
         _task_scales(scales, block, i0, m, sv)
-        reader = _take_task(data, reader, cb, m, bits)
-        # the levels in a loop of table loads of its own, so that the next one vectorises
-        for i in range(m):
-            v[i] = dec[cb[i]]
+        reader = _take_levels(data, reader, cb, v, m, bits, dec)
         if mode == 1:
             for i in range(m):
                 out[i0 + i] = out[i0 + i] + v[i] * sv[i]
@@ -191,23 +200,14 @@ def _decode(data, scales, block, dec, bits, out, mode):
 @nb.njit(cache=True, error_model="numpy")
 def _recompress(data, acc, scales, block, tab, nfin, lut, lshift, lkey0, mbits, nan_code, dec,
                 out, mode):
-    bits = mbits + 1
     n = acc.size
-    sv = np.empty(TASK, np.float32)
-    kb = np.empty(TASK, np.uint32)
-    vl = np.empty(TASK, np.float32)
-    vh = np.empty(TASK, np.float32)
-    cb = np.empty(TASK, np.uint32)
-    v = np.empty(TASK, np.float32)
+    sv, kb, vl, vh, cb, v = _scratch()
     reader = (np.uint64(0), 0, 0)
     state = (np.uint64(0), 0, 0)
     for i0 in range(0, n, TASK):
         m = min(TASK, n - i0)
         _task_scales(scales, block, i0, m, sv)
-        # the incoming codes and their levels (table loads, a scalar loop), then the sums
-        reader = _take_task(data, reader, cb, m, bits)
-        for i in range(m):
-            v[i] = dec[cb[i]]
+        reader = _take_levels(data, reader, cb, v, m, mbits + 1, dec)
         for i in range(m):
             v[i] = acc[i0 + i] + v[i] * sv[i]
         _code_task(v, sv, m, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb, vl, vh, cb)
@@ -217,7 +217,7 @@ def _recompress(data, acc, scales, block, tab, nfin, lut, lshift, lkey0, mbits, 
         elif mode == 2:
             for i in range(m):
                 acc[i0 + i] = dec[cb[i]] * sv[i]
-        state = _put_task(out, state, cb, m, bits)
+        state = _put_task(out, state, cb, m, mbits + 1)
     flush_codes(out, state[0], state[1], state[2])
 
 
