@@ -364,8 +364,8 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, w):
     normalisers and codes (a vector loop again). With the search in the loop, the whole loop
     was scalar (measured: the scale pass of 16-element groups about a third slower).
     """
-    gmax, gbad, pv, pbad, ginv, gpre, gkeep = w[:7]
-    pg, pgbad, gr, gus, gsc, gsh = w[11], w[12], w[13], w[14], w[15], w[16]
+    gmax, gbad, ginv, gpre, gkeep = w[0], w[1], w[2], w[3], w[4]
+    pg, pgbad, gr, gus, gsc, gsh = w[9], w[10], w[11], w[12], w[13], w[14]
     stab, sdec, utab, udec, slut = tables[3], tables[4], tables[5], tables[6], tables[7]
     snfin, _, snan, sdiv, unfin, ulogp, unan = consts[:7]
     slshift, slkey0, sllen = consts[13], consts[14], consts[15]
@@ -385,12 +385,11 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, w):
             b = b0 + U(i)
             sc = encode_scale(amax / sdiv, UKIND, utab, unfin, ulogp, UP, np.float32(0.0))
             store_word(supers, b * U(UBYTES), UBYTES, U(unan) if bad != 0 else U(sc))
-            pv[i] = decode_scale(sc, UKIND, udec)
-            pbad[i] = bad
+            parent = decode_scale(sc, UKIND, udec)
             # each group's copy of its block's scale and flag, so that the loops over the
             # groups below read contiguous arrays only
             for gi in range(GPB):
-                pg[i * GPB + gi] = pv[i]
+                pg[i * GPB + gi] = parent
                 pgbad[i * GPB + gi] = bad
     q0, q1, offset = rand[4], rand[5], U(rand[8])
     for g in range(ng):
@@ -530,7 +529,7 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0, w):
     encodes at widths 6–8), its brackets found in another (:func:`table_brackets`), and the
     rounding, in a third loop, vectorises.
     """
-    ub, kb, vl, vh = w[7], w[8], w[9], w[10]
+    ub, kb, vl, vh = w[5], w[6], w[7], w[8]
     if DRAWN:
         draw_uniforms(n, rand, gidx0, ub)
     if TABLED:
@@ -549,7 +548,7 @@ def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w
     ``w`` is the task's :func:`scratch`.
     """
     task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, w)
-    normalise(src, s0, cnt * GPB, consts[12], w[4], w[5], w[6], y, tables[0][0])
+    normalise(src, s0, cnt * GPB, consts[12], w[2], w[3], w[4], y, tables[0][0])
     n = cnt * BLOCK
     code_elements(y, n, cb, tables, consts, rand, U(rand[8]) + b0 * U(BLOCK), w)
     pack(cb, n, codes, b0 * U(CBYTES))
@@ -608,13 +607,13 @@ def store_rows(t, rows, t0, cnt, dst, add):
 
 @_pass
 def scratch():
-    """Per-task arrays: of the scale pass (group maxima and flags, super-group scales and
-    flags, group normalisers and keep flags), the elements' uniforms and their brackets in
-    the element table (:func:`table_brackets`), and the scale pass's per-group copies of the
+    """Per-task arrays, by index: 0–1 group maxima and flags, 2–4 group normalisers
+    (inverse, lift) and keep flags, 5 the elements' uniforms, 6–8 their brackets in the
+    element table (:func:`table_brackets`), and 9–14 the scale pass's per-group copies of the
     super-group scales and flags, ratios, uniforms, codes and decoded scales."""
-    return (np.empty(TG, np.float32), np.empty(TG, np.uint8), np.empty(TASK, np.float32),
-            np.empty(TASK, np.uint8), np.empty(TG, np.float32), np.empty(TG, np.float32),
-            np.empty(TG, np.uint8), np.empty(max(UN_ENC, UN_DEC), np.float32),
+    return (np.empty(TG, np.float32), np.empty(TG, np.uint8), np.empty(TG, np.float32),
+            np.empty(TG, np.float32), np.empty(TG, np.uint8),
+            np.empty(max(UN_ENC, UN_DEC), np.float32),
             np.empty(BN, np.uint32), np.empty(BN, np.float32), np.empty(BN, np.float32),
             np.empty(TG, np.float32), np.empty(TG, np.uint8), np.empty(TG, np.float32),
             np.empty(TG, np.float32), np.empty(TG, np.uint32), np.empty(TG, np.float32))
@@ -701,7 +700,7 @@ def recompress(c0, c1, acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scal
     sv = np.empty(TG, np.float32)
     cb = np.empty(TN, CODE_T)
     w = scratch()
-    ub = w[7]
+    ub = w[5]
     lb = np.empty(LN, np.float32)
     for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)

@@ -55,12 +55,15 @@ def _code_task(v, sv, n, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb, vl,
     """
     llen = lut.size
     for i in range(n):
-        kb[i] = lut_key(abs(v[i]) / sv[i], lshift, lkey0, llen)
+        # the quotient is kept for the bracket (in vl, which the bracket's level replaces)
+        t = abs(v[i]) / sv[i]
+        vl[i] = t
+        kb[i] = lut_key(t, lshift, lkey0, llen)
     top = np.uint32(nfin - 1)
     for i in range(n):
         a = abs(v[i])
         s = sv[i]
-        lo = np.int64(lut_finish(a / s, kb[i], lut, tab, nfin))
+        lo = np.int64(lut_finish(vl[i], kb[i], lut, tab, nfin))
         # a / s may be off by one rounding (scales that are not powers of two): settle the
         # bracket on the decoded levels themselves (never taken for power-of-two scales); the
         # first step of each walk tests the levels that the rounding needs anyway
