@@ -9,12 +9,12 @@ A new format needs no kernel code: its tables are runtime arguments.
 
 Runtime arguments travel as three tuples so that every kernel has a short, uniform signature:
 
-* ``tables = (etab, lut, edec, stab, sdec, utab, udec, slut)`` — float32/int32 arrays;
+* ``tables = (etab, lut, edec, stab, sdec, utab, udec, slut, ulut)`` — float32/int32 arrays;
 * ``consts = (snfin, slogp, snan, sdiv, unfin, ulogp, unan, enfin, lshift, lkey0, llen, kap,
-  group, slshift, slkey0, sllen)`` — scale-format scalars, the element table size and its
-  bucket lookup, the dither amplitude, the group size again as a runtime value (a literal
-  trip count would make LLVM unroll the per-group loops instead of vectorising them), and the
-  group-scale table's bucket lookup;
+  group, slshift, slkey0, sllen, ulshift, ulkey0, ullen)`` — scale-format scalars, the element
+  table size and its bucket lookup, the dither amplitude, the group size again as a runtime
+  value (a literal trip count would make LLVM unroll the per-group loops instead of
+  vectorising them), and the bucket lookups of the group-scale and super-scale tables;
 * ``rand = (k0, k1, p0, p1, q0, q1, rank, world, offset)`` — :class:`~dynamiq.kernels.abi.RandKeys`.
 
 Whole blocks are read and written in place; the partial last block (if any) goes through a
@@ -170,10 +170,11 @@ def kernel_args(code: BlockCode) -> tuple[tuple, tuple]:
         etab = e.search
         if etab.size < need:
             etab = np.concatenate([etab, np.full(need - etab.size, np.inf, np.float32)])
-        tables = (etab, e.lut, e.dec, s.search, s.dec, u.search, u.dec, s.lut)
+        tables = (etab, e.lut, e.dec, s.search, s.dec, u.search, u.dec, s.lut, u.lut)
         consts = (s.nfin, s.logp, s.nan, code.divisor, u.nfin, u.logp, u.nan,
                   e.nfin, e.lshift, e.lkey0, len(e.lut), np.float32(code.kappa),
-                  code.spec.group, s.lshift, s.lkey0, len(s.lut))
+                  code.spec.group, s.lshift, s.lkey0, len(s.lut), u.lshift, u.lkey0,
+                  len(u.lut))
         hit = _args[code] = (tables, consts)
     return hit
 

@@ -19,7 +19,7 @@ from dynamiq.kernels.abi import Rounding
 __all__ = [
     "chain_bracket", "float_bracket", "float_nearest", "halving_bracket8", "halving_bracket16",
     "halving_levels", "level_value", "lut_bracket", "lut_finish", "lut_key", "round_bracket",
-    "round_index", "search_bracket",
+    "round_index", "search_bracket", "select_tree", "tree_levels",
 ]
 
 # plain ints, which Numba compiles as constants
@@ -262,6 +262,45 @@ def float_nearest(a, mant, bias):
 
 
 @nb.njit(inline="always", cache=True)
+def tree_levels(tab, mbits):
+    """The entries of ``tab`` that :func:`select_tree` reads for ``mbits`` (a literal): a tuple
+    of 16, ``tab[k]`` for ``k < 2**mbits`` and the last of those after (any ``mbits``; above 4,
+    the first 16 entries).
+
+    Loaded by the caller before its element loop, like :func:`halving_levels`: loads that
+    feed selects inside the loop are merged into one load of a selected address and
+    vectorised as gathers.
+    """
+    top = (1 << mbits) - 1
+    return (tab[0], tab[min(1, top)], tab[min(2, top)], tab[min(3, top)], tab[min(4, top)],
+            tab[min(5, top)], tab[min(6, top)], tab[min(7, top)], tab[min(8, top)],
+            tab[min(9, top)], tab[min(10, top)], tab[min(11, top)], tab[min(12, top)],
+            tab[min(13, top)], tab[min(14, top)], tab[min(15, top)])
+
+
+@nb.njit(inline="always", cache=True)
+def select_tree(mag, t):
+    """``t[mag]`` for a magnitude code ``mag < 16`` (uint32) and the 16 entries ``t`` of
+    :func:`tree_levels`, without a load.
+
+    Each bit of ``mag``, lowest first, halves the entries still in play with one select per
+    pair: 15 selects and 4 bit tests, where a chain of selects against every entry takes 15
+    selects and 15 compares. Entries past a smaller table repeat its last one, so LLVM folds
+    their selects, and the tests of the bits that the caller's mask clears.
+    """
+    b = np.uint32(mag & np.uint32(1)) != np.uint32(0)
+    p0, p1 = (t[1] if b else t[0]), (t[3] if b else t[2])
+    p2, p3 = (t[5] if b else t[4]), (t[7] if b else t[6])
+    p4, p5 = (t[9] if b else t[8]), (t[11] if b else t[10])
+    p6, p7 = (t[13] if b else t[12]), (t[15] if b else t[14])
+    b = np.uint32(mag & np.uint32(2)) != np.uint32(0)
+    q0, q1, q2, q3 = (p1 if b else p0), (p3 if b else p2), (p5 if b else p4), (p7 if b else p6)
+    b = np.uint32(mag & np.uint32(4)) != np.uint32(0)
+    r0, r1 = (q1 if b else q0), (q3 if b else q2)
+    return r1 if np.uint32(mag & np.uint32(8)) != np.uint32(0) else r0
+
+
+@nb.njit(inline="always", cache=True)
 def level_value(mag, edec, family, mant, bias, mbits):
     """Magnitude level ``edec[mag]`` of the magnitude code ``mag`` (uint32).
 
@@ -275,22 +314,16 @@ def level_value(mag, edec, family, mant, bias, mbits):
       codes too (the pattern is then a float32 subnormal with the same mantissa);
     * an integer level (family 2) is the code itself;
     * a small table (family 3: ``2**mbits`` entries, at most
-      :data:`~dynamiq.kernels.tables.CHAIN_LEVELS`) is read through a chain of selects, one
-      per entry, each between a table entry and the previous select: the loads are
-      unconditional and loop-invariant, so LLVM hoists them out of the element loop and the
-      chain runs in vector lanes. Every code, the non-finite ones included, gets its table
-      value.
+      :data:`~dynamiq.kernels.tables.CHAIN_LEVELS`) is read through a tree of selects
+      (:func:`select_tree`; a kernel loads the entries before its element loop,
+      :func:`tree_levels`, and the selects run in vector lanes). Every code, the non-finite
+      ones included, gets its table value.
 
     Families 1 and 2 hold for the finite codes only: those at or beyond the finite count must
     be decoded from the table.
     """
     if family == 3:
-        v = edec[0]
-        for m in range(1, 1 << mbits):
-            # loaded unconditionally: a load in the select's branch would be a masked gather
-            here = edec[m]
-            v = here if mag >= np.uint32(m) else v
-        return v
+        return select_tree(mag, tree_levels(edec, mbits))
     if family == 1:
         pattern = np.uint32(mag << np.uint32(23 - mant)).view(np.float32)
         # 127 - bias lies in [mant, 150]: one factor of at most 2**127, a second when needed
