@@ -115,6 +115,16 @@ def test_correlated_rounding_over_any_world_matches_the_reference(world):
     assert_same(got.data, want.data, f"encode over {world} ranks")
     assert_same(q.decode(got, backend="numba", **keys),
                 q.decode(want, backend="reference", **keys), f"decode over {world} ranks")
+    # the next hop decodes rank 1's rounding and encodes its own under the same permutation:
+    # Numba draws both from one hash of the shared key per element (and walks the long
+    # cycles of either rank in full)
+    hop = dict(keys, rank=2, in_rank=1)
+    acc = vector(1 << 15, 5)
+    a_want, a_got = acc.clone(), acc.clone()
+    r_want = q.recompress(want, a_want, writeback="sum", backend="reference", **hop)
+    r_got = q.recompress(want, a_got, writeback="sum", backend="numba", **hop)
+    assert_same(r_got.data, r_want.data, f"hop over {world} ranks")
+    assert_same(a_got, a_want, f"hop's partial sum over {world} ranks")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -71,10 +71,12 @@ from dynamiq.kernels.numba.elements import (
     lut_key,
     round_code,
     store_word,
+    stratified,
     uniform,
+    walked,
 )
 from dynamiq.kernels.numba.levels import select_tree, tree_levels
-from dynamiq.kernels.numba.rng import stratum_params
+from dynamiq.kernels.numba.rng import hash_u32, stratum_params
 
 # --- spec ---
 BITS = 8
@@ -135,6 +137,9 @@ BN = TN if TABLED else 1
 UN_DEC = TN if DITHER else 1
 # steps of the stratum's cycle walk taken in vector lanes (see draw_walk)
 WALK = 6
+# whether a hop draws the sender's uniforms (a dithered decode) and its own (correlated
+# rounding) in one loop, from one hash of their shared key (see draw_pairs)
+PAIRED = DITHER and EMODE == CORRELATED
 TINY = np.float32(2.0**-64)  # normalisers below this are lifted before inversion
 LIFT = np.float32(2.0**64)
 
@@ -266,6 +271,45 @@ def draw_walk(n, rand, gidx0, ub):
 
 
 @_pass
+def draw_pairs(n, irand, rand, gidx0, ui, uo):
+    """The uniforms of a correlated hop's two roundings of elements ``gidx0 .. gidx0+n``: the
+    sender's (``irand``, which a dithered decode subtracts) into ``ui`` and this rank's
+    (``rand``) into ``uo``, equal to :func:`draw_uniforms` of each.
+
+    The two share the permutation's key (``irand[2:4] == rand[2:4]``, the caller's
+    condition), so each element hashes it once for both ranks: three hashes per element
+    instead of four.
+    """
+    ik0, ik1, irank = irand[0], irand[1], irand[6]
+    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    if (world & (world - 1)) == 0:
+        for j in range(n):
+            ju = U(j)
+            h = hash_u32(p0, p1, gidx0 + ju)
+            ui[ju] = stratified(uniform(ik0, ik1, gidx0 + ju), h, irank, world, True)
+            uo[ju] = stratified(uniform(k0, k1, gidx0 + ju), h, rank, world, True)
+        return
+    m, s = stratum_params(world)
+    missed = np.uint32(0)
+    for j in range(n):
+        ju = U(j)
+        h = hash_u32(p0, p1, gidx0 + ju)
+        a = walked(uniform(ik0, ik1, gidx0 + ju), h, irank, world, m, s, WALK)
+        b = walked(uniform(k0, k1, gidx0 + ju), h, rank, world, m, s, WALK)
+        ui[ju] = a
+        uo[ju] = b
+        missed = np.uint32(missed + np.uint32((a < np.float32(0.0)) | (b < np.float32(0.0))))
+    if missed == 0:
+        return
+    for j in range(n):
+        ju = U(j)
+        if ui[ju] < np.float32(0.0):
+            ui[ju] = draw_uniform(EMODE, ik0, ik1, p0, p1, irank, world, gidx0 + ju, False)
+        if uo[ju] < np.float32(0.0):
+            uo[ju] = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + ju, False)
+
+
+@_pass
 def load_levels(cb, n, edec, lb):
     """``lb[j]`` = the table level of code ``cb[j]``, ``j < n``.
 
@@ -330,6 +374,18 @@ def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, lb, lv, enfin, add):
 
 
 @_pass
+def decode_drawn(cb, sv, ng, gsize, dst, d0, edec, kap, ub, lb, enfin, add):
+    """``dst[d0:d0 + ng*gsize] = decode(cb)`` (``+=`` when ``add``, a literal) under the group
+    scales ``sv[:ng]``, a dithered decode's uniforms already in ``ub``."""
+    if LOADED:
+        load_levels(cb, ng * gsize, edec, lb)
+    lv = tree_levels(edec, MBITS)
+    for g in range(ng):
+        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, lv, enfin,
+                   add)
+
+
+@_pass
 def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin):
     """``dst[d0:d0 + ng*gsize] = decode(cb)`` under the group scales ``sv[:ng]``.
 
@@ -339,12 +395,7 @@ def decode_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enf
     """
     if DITHER:
         draw_uniforms(ng * gsize, rand, gidx0, ub)
-    if LOADED:
-        load_levels(cb, ng * gsize, edec, lb)
-    lv = tree_levels(edec, MBITS)
-    for g in range(ng):
-        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, lv, enfin,
-                   False)
+    decode_drawn(cb, sv, ng, gsize, dst, d0, edec, kap, ub, lb, enfin, False)
 
 
 @_pass
@@ -352,12 +403,7 @@ def add_codes(cb, sv, ng, gsize, dst, d0, edec, kap, rand, gidx0, ub, lb, enfin)
     """As :func:`decode_codes`, adding to ``dst``."""
     if DITHER:
         draw_uniforms(ng * gsize, rand, gidx0, ub)
-    if LOADED:
-        load_levels(cb, ng * gsize, edec, lb)
-    lv = tree_levels(edec, MBITS)
-    for g in range(ng):
-        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, lv, enfin,
-                   True)
+    decode_drawn(cb, sv, ng, gsize, dst, d0, edec, kap, ub, lb, enfin, True)
 
 
 @_pass
@@ -536,9 +582,9 @@ def code_bracketed(y, n, cb, kb, vl, vh, ub, t0, top):
 
 
 @_pass
-def code_elements(y, n, cb, tables, consts, rand, gidx0, w):
+def code_elements(y, n, cb, tables, consts, rand, gidx0, w, drawn):
     """``cb[j]`` = code of the normalised value ``y[j]``, ``j < n`` (``w``: the task's
-    :func:`scratch`).
+    :func:`scratch`; ``drawn``: the uniforms are in its ``w[5]`` already).
 
     Levels found by arithmetic or compares (element families 1–3) vectorise with an
     independent uniform drawn in the same loop (drawn apart, 4-bit encodes were slower); a
@@ -549,7 +595,7 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0, w):
     rounding, in a third loop, vectorises.
     """
     ub, kb, vl, vh = w[5], w[6], w[7], w[8]
-    if DRAWN:
+    if DRAWN and not drawn:
         draw_uniforms(n, rand, gidx0, ub)
     if TABLED:
         table_brackets(y, n, kb, vl, vh, tables, consts)
@@ -561,15 +607,17 @@ def code_elements(y, n, cb, tables, consts, rand, gidx0, w):
 
 
 @_pass
-def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w, y, cb):
+def encode_task(src, s0, b0, cnt, codes, scales, supers, tables, consts, rand, w, y, cb,
+                drawn):
     """Encode the ``cnt`` blocks at ``src[s0:]`` as stream blocks ``b0 ..``.
 
-    ``w`` is the task's :func:`scratch`.
+    ``w`` is the task's :func:`scratch`; ``drawn`` (a bool): the elements' uniforms are in its
+    ``w[5]`` already.
     """
     task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, w)
     normalise(src, s0, cnt * GPB, consts[12], w[2], w[3], w[4], y, tables[0][0])
     n = cnt * BLOCK
-    code_elements(y, n, cb, tables, consts, rand, U(rand[8]) + b0 * U(BLOCK), w)
+    code_elements(y, n, cb, tables, consts, rand, U(rand[8]) + b0 * U(BLOCK), w, drawn)
     pack(cb, n, codes, b0 * U(CBYTES))
 
 
@@ -660,8 +708,9 @@ def encode(c0, c1, x, b0, nblocks, rows, codes, scales, supers, tables, consts, 
     for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
         load_rows(x, rows, t0, cnt, t)
+        # a bool, not a literal False: a literal would compile encode_task a second time
         encode_task(t, U(0), U(b0) + t0, cnt, codes, scales, supers, tables, consts, rand,
-                    w, y, cb)
+                    w, y, cb, np.bool_(False))
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -710,6 +759,10 @@ def recompress(c0, c1, acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scal
     and beyond ``nvalid`` (the padding of a partial block) are summed as zero. ``writeback``
     chooses what ``acc`` holds afterwards: 0 unchanged, 1 the sum ``t``, 2
     ``decode(encode(t))`` (what a sink keeps so that it equals what every receiver decodes).
+
+    With ``PAIRED`` and the sender's permutation key equal to this rank's (every hop of a
+    chunk rounds under one permutation), both ranks' uniforms are drawn in one loop
+    (:func:`draw_pairs`).
     """
     gsize = consts[12]
     kap = np.float32(consts[11])
@@ -721,6 +774,9 @@ def recompress(c0, c1, acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scal
     w = scratch()
     ub = w[5]
     lb = np.empty(LN, np.float32)
+    ui = np.empty(TN if PAIRED else 1, np.float32)
+    paired = ((irand[2] == rand[2]) & (irand[3] == rand[3]) & (irand[7] == rand[7])
+              & (irand[8] == rand[8]))
     for c in range(c0, c1):
         t0, cnt = task_range(c, nblocks)
         n = cnt * BLOCK
@@ -729,12 +785,18 @@ def recompress(c0, c1, acc, b0, nblocks, nvalid, rows, ic, isc, isu, codes, scal
         load_rows(acc, rows, t0, cnt, t)
         unpack(ic, s * U(CBYTES), n, cb)
         group_scales(isc, isu, tables[4], tables[6], s, cnt, sv)
-        add_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, irand,
-                  U(irand[8]) + s * U(BLOCK), ub, lb, enfin)
         valid = np.int64(U(nvalid) - min(U(nvalid), a0))
+        if PAIRED and paired:
+            draw_pairs(n, irand, rand, U(rand[8]) + s * U(BLOCK), ui, ub)
+            decode_drawn(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, ui, lb, enfin,
+                         True)
+        else:
+            add_codes(cb, sv, cnt * GPB, gsize, t, U(0), tables[2], kap, irand,
+                      U(irand[8]) + s * U(BLOCK), ub, lb, enfin)
         for j in range(min(valid, n), n):
             t[j] = np.float32(0.0)
-        encode_task(t, U(0), s, cnt, codes, scales, supers, tables, consts, rand, w, y, cb)
+        encode_task(t, U(0), s, cnt, codes, scales, supers, tables, consts, rand, w, y, cb,
+                    np.bool_(PAIRED and paired))
         if writeback == 1:
             store_rows(t, rows, t0, cnt, acc, False)
         elif writeback == 2:
@@ -773,7 +835,7 @@ def encode_keyed(c0, c1, x, nblocks, rows, codes, scales, supers, tables, consts
             # a count of one as int64, the type encode passes: a literal 1 would compile
             # encode_task and its passes a second time
             encode_task(t, U(i) * U(BLOCK), b, np.int64(1), codes, scales, supers, tables,
-                        consts, block_rand(keys, b, world), w, y, cb)
+                        consts, block_rand(keys, b, world), w, y, cb, np.bool_(False))
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")

@@ -51,7 +51,7 @@ __all__ = [
     "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
     "decode_scale", "draw_uniform", "draw_walked", "element_code", "element_value", "encode_scale",
     "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "lut_finish",
-    "lut_key", "round_code", "store_word", "uniform",
+    "lut_key", "round_code", "store_word", "stratified", "uniform", "walked",
 ]
 
 # plain ints, which Numba compiles as constants
@@ -74,12 +74,21 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx, pow2=False):
     g = uniform(k0, k1, gidx)
     if mode != CORRELATED:
         return g
+    return stratified(g, hash_u32(p0, p1, gidx), rank, world, pow2)
+
+
+@nb.njit(inline="always", cache=True)
+def stratified(g, h, rank, world, pow2=False):
+    """The correlated uniform ``(π(rank) + g) / world`` of :func:`draw_uniform` from the
+    rank's own uniform ``g`` and the element's shared hash ``h``: what a kernel that rounds
+    for two ranks at once (a hop decodes the sender's rounding and encodes its own) computes
+    from one hash of the shared key."""
     if pow2:
-        slot = stratum_pow2(hash_u32(p0, p1, gidx), rank, world)
+        slot = stratum_pow2(h, rank, world)
         # dividing by a power of two is multiplying by its exact inverse (no quotient here is
         # small enough to be subnormal), which costs a fraction of a vector division
         return (np.float32(slot) + g) * (np.float32(1.0) / np.float32(world))
-    slot = stratum(hash_u32(p0, p1, gidx), rank, world)
+    slot = stratum(h, rank, world)
     return (np.float32(slot) + g) / np.float32(world)
 
 
@@ -90,8 +99,14 @@ def draw_walked(k0, k1, p0, p1, rank, world, m, s, gidx, steps):
     ``s``: :func:`~dynamiq.kernels.numba.rng.stratum_params`): the same uniform, or -1 for the
     rare element whose walk is longer (the caller draws it again with :func:`draw_uniform`).
     """
-    g = uniform(k0, k1, gidx)
-    slot, done = stratum_steps(hash_u32(p0, p1, gidx), rank, world, m, s, steps)
+    return walked(uniform(k0, k1, gidx), hash_u32(p0, p1, gidx), rank, world, m, s, steps)
+
+
+@nb.njit(inline="always", cache=True)
+def walked(g, h, rank, world, m, s, steps):
+    """:func:`draw_walked` from the rank's own uniform ``g`` and the shared hash ``h`` (see
+    :func:`stratified`)."""
+    slot, done = stratum_steps(h, rank, world, m, s, steps)
     u = (np.float32(slot) + g) / np.float32(world)
     return u if done else np.float32(-1.0)
 
