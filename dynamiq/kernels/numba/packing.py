@@ -4,14 +4,61 @@ Code ``i`` of a ``b``-bit stream occupies bits ``[i*b, (i+1)*b)``, bit ``j`` of 
 bit ``j % 8`` of byte ``j // 8``; the last byte is zero-padded. A writer and a reader are a few
 registers (a 64-bit accumulator, its fill, the byte position) threaded through these inlined
 functions, so a kernel's loop stays one pass.
+
+Where the host has BMI2 (:data:`HAS_BMI2`), the block kernels pack a unit of codes of an odd
+width in one bit extraction (:func:`pext64`) and unpack it in one deposit (:func:`pdep64`).
 """
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
-__all__ = ["flush_codes", "put_code", "take_code"]
+__all__ = ["HAS_BMI2", "flush_codes", "pdep64", "pext64", "put_code", "take_code"]
+
+#: Whether the host CPU has the BMI2 bit extract and deposit instructions (x86 only). Kernels
+#: compiled for a host without them never call :func:`pext64` or :func:`pdep64`; Numba's
+#: on-disk cache is kept per CPU, so a kernel cached on one host is not run on another.
+HAS_BMI2 = bool(llvm.get_host_cpu_features().get("bmi2", False))
+
+
+def _bmi2(name: str):
+    """A Numba intrinsic for the BMI2 instruction ``name``, ``f(a, mask)`` on uint64."""
+
+    @intrinsic
+    def op(typingctx, a, mask):
+        sig = types.uint64(types.uint64, types.uint64)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(64)])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+            return builder.call(fn, list(args))
+
+        return sig, codegen
+
+    return op
+
+
+_pext = _bmi2("llvm.x86.bmi.pext.64")
+_pdep = _bmi2("llvm.x86.bmi.pdep.64")
+
+
+@nb.njit(inline="always", cache=True)
+def pext64(a, mask):
+    """The bits of ``a`` (uint64) where ``mask`` has ones, packed at the bottom, in order:
+    one instruction (``pext``). Only where :data:`HAS_BMI2`."""
+    return _pext(np.uint64(a), np.uint64(mask))
+
+
+@nb.njit(inline="always", cache=True)
+def pdep64(a, mask):
+    """The inverse of :func:`pext64`: the low bits of ``a`` (uint64) placed, in order, where
+    ``mask`` has ones, zeros elsewhere (``pdep``). Only where :data:`HAS_BMI2`."""
+    return _pdep(np.uint64(a), np.uint64(mask))
 
 _BYTE = np.uint64(0xFF)
 _EIGHT = np.uint64(8)
