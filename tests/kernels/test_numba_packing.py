@@ -31,20 +31,14 @@ def _both(a, mask):
     return pext64(a, mask), pdep64(a, mask)
 
 
-def _pext(a: int, mask: int) -> int:
+def _moved(a: int, mask: int, extract: bool) -> int:
+    """Bit by bit: the masked bits of ``a`` packed at the bottom (``extract``), or the low bits
+    of ``a`` placed at the mask's ones."""
     out, k = 0, 0
     for i in range(64):
         if mask >> i & 1:
-            out |= (a >> i & 1) << k
-            k += 1
-    return out
-
-
-def _pdep(a: int, mask: int) -> int:
-    out, k = 0, 0
-    for i in range(64):
-        if mask >> i & 1:
-            out |= (a >> k & 1) << i
+            src, dst = (i, k) if extract else (k, i)
+            out |= (a >> src & 1) << dst
             k += 1
     return out
 
@@ -53,7 +47,7 @@ def _pdep(a: int, mask: int) -> int:
 @given(WORD, WORD)
 def test_extract_and_deposit_move_the_masked_bits_in_order(a, mask):
     got = _both(np.uint64(a), np.uint64(mask))
-    assert (int(got[0]), int(got[1])) == (_pext(a, mask), _pdep(a, mask))
+    assert (int(got[0]), int(got[1])) == (_moved(a, mask, True), _moved(a, mask, False))
 
 
 @pytest.mark.parametrize("bits", [5, 6])

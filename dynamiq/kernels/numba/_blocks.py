@@ -120,10 +120,14 @@ WORDS = PACK * BITS <= 64 and BLOCK % PACK == 0
 # code cost about 1 ns per code per pack and unpack (measured: 5-bit units 2.5× faster to
 # pack, 8× faster to unpack); 1-, 2- and 4-bit units pack in loops that vectorise already.
 PEXT = HAS_BMI2 and WORDS and BITS in (3, 5, 6, 7)
-# the codes' bits within their PACK bytes
+# the codes' bits within their PACK bytes, and where code t of a unit starts in the word that
+# packs into the unit's bytes (with PEXT, the word of its code bytes)
 BYTEMASK = U(sum(((1 << BITS) - 1) << (8 * t) for t in range(PACK)) if BITS < 8 else 0)
+CSHIFT = 8 if PEXT else BITS
 CODE_T = np.uint8 if BITS <= 8 else np.uint16
 MMASK = U((1 << BITS) - 1)
+# (a deposited word holds each code in a byte of its own, stored whole: one 8-byte store)
+CMASK = U(0xFF) if PEXT else MMASK
 MMAG = (1 << MBITS) - 1  # magnitude bits of a code
 # how levels are decoded (see level_value): the element search's family but for the bucket
 # lookup's (0), which decodes by table load; and whether that decoding holds for the finite
@@ -158,21 +162,14 @@ def pack(cb, n, codes, c0):
     if PACK == 1 and BITS == 8:
         for j in range(n):
             codes[c0 + U(j)] = cb[j]
-    elif PEXT:
-        for k in range(n // PACK):
-            ku = U(k)
-            v = U(0)
-            for t in range(PACK):
-                v |= U(cb[ku * U(PACK) + U(t)]) << U(8 * t)
-            w = pext64(v, BYTEMASK)
-            for q in range(PBYTES):
-                codes[c0 + ku * U(PBYTES) + U(q)] = np.uint8((w >> U(8 * q)) & U(0xFF))
     elif WORDS:
         for k in range(n // PACK):
             ku = U(k)
             w = U(0)
             for t in range(PACK):
-                w |= U(cb[ku * U(PACK) + U(t)]) << U(t * BITS)
+                w |= U(cb[ku * U(PACK) + U(t)]) << U(t * CSHIFT)
+            if PEXT:
+                w = pext64(w, BYTEMASK)
             for q in range(PBYTES):
                 codes[c0 + ku * U(PBYTES) + U(q)] = np.uint8((w >> U(8 * q)) & U(0xFF))
     else:
@@ -195,23 +192,16 @@ def unpack(codes, c0, n, cb):
     if PACK == 1 and BITS == 8:
         for j in range(n):
             cb[j] = codes[c0 + U(j)]
-    elif PEXT:
-        for k in range(n // PACK):
-            ku = U(k)
-            w = U(0)
-            for q in range(PBYTES):
-                w |= U(codes[c0 + ku * U(PBYTES) + U(q)]) << U(8 * q)
-            v = pdep64(w, BYTEMASK)
-            for t in range(PACK):
-                cb[ku * U(PACK) + U(t)] = CODE_T((v >> U(8 * t)) & U(0xFF))
     elif WORDS:
         for k in range(n // PACK):
             ku = U(k)
             w = U(0)
             for q in range(PBYTES):
                 w |= U(codes[c0 + ku * U(PBYTES) + U(q)]) << U(8 * q)
+            if PEXT:
+                w = pdep64(w, BYTEMASK)
             for t in range(PACK):
-                cb[ku * U(PACK) + U(t)] = CODE_T((w >> U(t * BITS)) & MMASK)
+                cb[ku * U(PACK) + U(t)] = CODE_T((w >> U(t * CSHIFT)) & CMASK)
     else:
         acc = U(0)
         nacc = 0
@@ -288,8 +278,14 @@ def draw_walk(n, rand, gidx0, ub):
         u = draw_walked(k0, k1, p0, p1, rank, world, m, s, gidx0 + ju, WALK)
         ub[ju] = u
         missed = np.uint32(missed + np.uint32(u < np.float32(0.0)))
-    if missed == 0:
-        return
+    if missed != 0:
+        redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, ub)
+
+
+@_pass
+def redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, ub):
+    """The full cycle walk of every element ``j < n`` whose walk in vector lanes ended
+    unfinished (``ub[j]`` is -1 then): its uniform under the keys and rank given."""
     for j in range(n):
         ju = U(j)
         if ub[ju] < np.float32(0.0):
@@ -325,14 +321,9 @@ def draw_pairs(n, irand, rand, gidx0, ui, uo):
         ui[ju] = a
         uo[ju] = b
         missed = np.uint32(missed + np.uint32((a < np.float32(0.0)) | (b < np.float32(0.0))))
-    if missed == 0:
-        return
-    for j in range(n):
-        ju = U(j)
-        if ui[ju] < np.float32(0.0):
-            ui[ju] = draw_uniform(EMODE, ik0, ik1, p0, p1, irank, world, gidx0 + ju, False)
-        if uo[ju] < np.float32(0.0):
-            uo[ju] = draw_uniform(EMODE, k0, k1, p0, p1, rank, world, gidx0 + ju, False)
+    if missed != 0:
+        redraw_walks(n, ik0, ik1, p0, p1, irank, world, gidx0, ui)
+        redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, uo)
 
 
 @_pass
