@@ -116,9 +116,9 @@ PACK = 8 // math.gcd(BITS, 8)
 PBYTES = PACK * BITS // 8
 WORDS = PACK * BITS <= 64 and BLOCK % PACK == 0
 # Units of codes of widths 3, 5, 6 and 7 pack by one bit extraction from their PACK code bytes
-# read as one word (unpack: one deposit), where the host has it: the shifts and masks of each
-# code cost about 1 ns per code per pack and unpack (measured: 5-bit units 2.5× faster to
-# pack, 8× faster to unpack); 1-, 2- and 4-bit units pack in loops that vectorise already.
+# read as one word (unpack: one deposit), where the host has it, instead of a shift, mask and
+# or per code (measured: 5-bit units 2.5× faster to pack, 8× faster to unpack); 1-, 2- and
+# 4-bit units pack in loops that vectorise already.
 PEXT = HAS_BMI2 and WORDS and BITS in (3, 5, 6, 7)
 # the codes' bits within their PACK bytes, and where code t of a unit starts in the word that
 # packs into the unit's bytes (with PEXT, the word of its code bytes)
@@ -458,9 +458,9 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, w):
                 bad |= gbad[i * GPB + gi]
             b = b0 + U(i)
             # the super-scale table's bucket lookup when it has one (a BF16 table has): a
-            # binary search of the 32640 BF16 magnitudes is 15 dependent loads, which made
-            # this loop over blocks most of the scale pass (measured: 0.4 of 0.9 ns per
-            # coordinate for 4-bit ε-levels under BF16 super-groups of 256)
+            # binary search of the 32640 BF16 magnitudes is 15 dependent loads (measured: the
+            # scale pass of 4-bit ε-levels under BF16 super-groups of 256 went from 0.8-1.2
+            # to 0.65-0.7 ns per coordinate)
             if ullen > 1:
                 sc = encode_scale_bucket(amax / sdiv, UKIND, utab, unfin, ulut, ulshift,
                                          ulkey0, ullen, UP, np.float32(0.0))
