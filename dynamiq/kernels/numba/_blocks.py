@@ -347,7 +347,9 @@ def group_value(cb, j, s, edec, kap, ub, lb, lv, family):
     u = ub[j] if DITHER else np.float32(0.0)
     if LOADED:
         return level_to_value(cb[j], lb[j], MBITS, s, DITHER, kap, u, MIDRISE)
-    if family == 3:
+    # DFAM first: a branch on a module constant is pruned before typing, so the other specs
+    # never type the select tree
+    if DFAM == 3 and family == 3:
         mag = np.uint32(np.uint32(cb[j]) & np.uint32(MMAG))
         return level_to_value(cb[j], select_tree(mag, lv), MBITS, s, DITHER, kap, u, MIDRISE)
     return element_value(cb[j], edec, MBITS, s, DITHER, kap, u, MIDRISE, family, EMANT, EBIAS)
@@ -396,7 +398,12 @@ def decode_drawn(cb, sv, ng, gsize, dst, d0, edec, kap, ub, lb, enfin, add):
     scales ``sv[:ng]``, a dithered decode's uniforms already in ``ub``."""
     if LOADED:
         load_levels(cb, ng * gsize, edec, lb)
-    lv = tree_levels(edec, MBITS)
+    # the small table's entries where its family reads them (a one-entry stand-in elsewhere,
+    # which keeps the other specs' passes free of a 16-value argument)
+    if DFAM == 3:
+        lv = tree_levels(edec, MBITS)
+    else:
+        lv = (edec[0],)
     for g in range(ng):
         group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, lv, enfin,
                    add)

@@ -261,7 +261,7 @@ def float_nearest(a, mant, bias):
     return lo_n if normal else q
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def tree_levels(tab, mbits):
     """The entries of ``tab`` that :func:`select_tree` reads for ``mbits`` (a literal): a tuple
     of 16, ``tab[k]`` for ``k < 2**mbits`` and the last of those after (any ``mbits``; above 4,
@@ -278,7 +278,7 @@ def tree_levels(tab, mbits):
             tab[min(13, top)], tab[min(14, top)], tab[min(15, top)])
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def select_tree(mag, t):
     """``t[mag]`` for a magnitude code ``mag < 16`` (uint32) and the 16 entries ``t`` of
     :func:`tree_levels`, without a load.
