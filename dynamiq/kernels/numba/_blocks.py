@@ -134,15 +134,15 @@ MMAG = (1 << MBITS) - 1  # magnitude bits of a code
 # lookup's (0), which decodes by table load; and whether that decoding holds for the finite
 # codes only (minifloat and integer arithmetic), so that the others need a fix-up pass
 DFAM = EFAM if EFAM in (1, 2, 3) else 0
-FIXUP = DFAM in (1, 2)
+# whether the levels of codes of at most 16 magnitudes, whatever their family, are looked up
+# eight at a time by a vector permute of the decode table, in a loop of their own, where the
+# host has one (measured, 1 thread: the decode of 4-bit ε-levels about 1.8 times faster, of
+# DynamiQ's dithered 5-bit levels about 1.5 times, than by the select tree in the decoding loop)
+PERMUTED = HAS_AVX2 and MBITS <= 4
+FIXUP = DFAM in (1, 2) and not PERMUTED
 # whether decoding reads the levels from the table in a loop of their own (see load_levels),
 # and the scratch that a task's levels need then
-LOADED = DFAM == 0
-# whether a small table's levels (family 3) are looked up eight at a time by a vector permute
-# in a loop of their own, where the host has one (measured, 1 thread: the level pass of 4-bit
-# ε-levels about 1.8 times faster, of DynamiQ's dithered 5-bit levels about 1.5 times, than
-# the select tree in the decoding loop)
-PERMUTED = DFAM == 3 and HAS_AVX2
+LOADED = DFAM == 0 and not PERMUTED
 # whether the decoding loop reads each level from the task's scratch (one name, so that Numba
 # prunes the branches on it before typing), or finds it by the select tree
 IN_SCRATCH = LOADED or PERMUTED
