@@ -101,7 +101,7 @@ def main() -> None:
     for world in (int(w) for w in a.world_sizes.split(",")):
         unit = world * max((1, *pieces)) * 64
         numel = max(unit, int(a.size_mb * 2**20 / 4) // unit * unit)
-        got = launch(_rank, world, (world, numel, a.rounds, pieces), timeout=600, num_threads=1)
+        got = launch(_rank, world, (numel, a.rounds, pieces), timeout=600, num_threads=1)
         ref = got[0]["torch"]
         print(f"world {world}, {numel * 4 / 2**20:.2f} MB, {a.rounds} rounds: best ms "
               f"(ratio to torch) | median ms (ratio) | CPU ms per call, rank 0 | max |diff|")
