@@ -99,9 +99,10 @@ def kernels(spec: KernelSpec) -> ModuleType:
     src = _source(spec)
     # the generated module inlines functions of these modules: Numba's cache only watches the
     # generated file, so their source is part of its name
-    from dynamiq.kernels.numba import elements, levels, rng
+    from dynamiq.kernels.numba import elements, levels, packing, permute, rng
 
-    deps = "".join(Path(m.__file__).read_text() for m in (elements, levels, rng))
+    deps = "".join(Path(m.__file__).read_text()
+                   for m in (elements, levels, packing, permute, rng))
     digest = hashlib.sha1((src + deps).encode()).hexdigest()[:10]
     name = f"dq_{spec.tag()}_{digest}"
     path = kernel_cache_dir() / f"{name}.py"

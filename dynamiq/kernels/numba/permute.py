@@ -38,8 +38,10 @@ _LANES = 8
 def _permute8(typingctx, cb, lb, count, mask, lv):
     """``lb[j] = lv[cb[j] & mask]`` for ``j < 8 * count``, eight elements per step
     (``cb``: contiguous uint8 codes, ``lb``: contiguous float32, ``lv``: 16 float32)."""
+    # contiguous arrays only: the loop reads and writes through their data pointers
     if not (isinstance(cb, types.Array) and cb.dtype == types.uint8 and cb.ndim == 1
-            and isinstance(lb, types.Array) and lb.dtype == types.float32 and lb.ndim == 1
+            and cb.layout == "C" and isinstance(lb, types.Array)
+            and lb.dtype == types.float32 and lb.ndim == 1 and lb.layout == "C"
             and isinstance(lv, types.UniTuple) and lv.count == 16
             and lv.dtype == types.float32):
         return None
