@@ -103,6 +103,8 @@ def kernels(spec: KernelSpec) -> ModuleType:
 
     deps = "".join(Path(m.__file__).read_text()
                    for m in (elements, levels, packing, permute, rng))
+    # the instructions it may use (the portable paths compile to other code, same bits)
+    deps += f"bmi2={packing.HAS_BMI2} avx2={permute.HAS_AVX2}"
     digest = hashlib.sha1((src + deps).encode()).hexdigest()[:10]
     name = f"dq_{spec.tag()}_{digest}"
     path = kernel_cache_dir() / f"{name}.py"

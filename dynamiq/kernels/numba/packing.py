@@ -11,19 +11,21 @@ width in one bit extraction (:func:`pext64`) and unpack it in one deposit (:func
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
 import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from dynamiq.kernels.numba.host import host_has
+
 __all__ = ["HAS_BMI2", "flush_codes", "pdep64", "pext64", "put_code", "take_code"]
 
-#: Whether the host CPU has the BMI2 bit extract and deposit instructions (x86 only). Kernels
-#: compiled for a host without them never call :func:`pext64` or :func:`pdep64`; Numba's
-#: on-disk cache is kept per CPU, so a kernel cached on one host is not run on another.
-HAS_BMI2 = bool(llvm.get_host_cpu_features().get("bmi2", False))
+#: Whether the kernels use the host CPU's BMI2 bit extract and deposit instructions (x86 only;
+#: see :func:`~dynamiq.kernels.numba.host.host_has`). Kernels compiled without them never
+#: call :func:`pext64` or :func:`pdep64`; Numba's on-disk cache is kept per CPU, so a kernel
+#: cached on one host is not run on another.
+HAS_BMI2 = host_has("bmi2")
 
 
 def _bmi2(name: str):

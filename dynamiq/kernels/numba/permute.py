@@ -15,21 +15,22 @@ loop is written here in LLVM IR.
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
 import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from dynamiq.kernels.numba.host import host_has
 from dynamiq.kernels.numba.levels import select_tree
 
 __all__ = ["HAS_AVX2", "permute_levels"]
 
-#: Whether the host CPU has AVX2's ``vpermps``. Kernels compiled for a host without it never
-#: call :func:`permute_levels`; Numba's on-disk cache is kept per CPU, so a kernel cached on
-#: one host is not run on another.
-HAS_AVX2 = bool(llvm.get_host_cpu_features().get("avx2", False))
+#: Whether the kernels use the host CPU's AVX2 ``vpermps`` (see
+#: :func:`~dynamiq.kernels.numba.host.host_has`). Kernels compiled without it never call
+#: :func:`permute_levels`; Numba's on-disk cache is kept per CPU, so a kernel cached on one
+#: host is not run on another.
+HAS_AVX2 = host_has("avx2")
 
 _LANES = 8
 
