@@ -357,7 +357,7 @@ def group_value(cb, j, s, edec, kap, ub, lb, lv, family):
     u = ub[j] if DITHER else np.float32(0.0)
     if IN_SCRATCH:
         return level_to_value(cb[j], lb[j], MBITS, s, DITHER, kap, u, MIDRISE)
-    # DFAM first: a branch on a module constant is pruned before typing, so the other specs
+    # TREE first: a branch on a module constant is pruned before typing, so the other specs
     # never type the select tree
     if TREE and family == 3:
         mag = np.uint32(np.uint32(cb[j]) & np.uint32(MMAG))
