@@ -61,6 +61,36 @@ def test_streams_are_distinct():
     assert (a != b).mean() > 0.99 and (a != c).mean() > 0.99
 
 
+def _pair_chi2_pvalue(a: np.ndarray, b: np.ndarray, bits: int = 6) -> float:
+    """Chi-square p-value of the joint histogram of ``bits``-bit values ``a``, ``b``: uniform
+    and independent pairs spread evenly over its ``4**bits`` cells."""
+    from scipy import stats
+
+    cells = 1 << (2 * bits)
+    counts = np.bincount(a.astype(np.int64) * (1 << bits) + b, minlength=cells)
+    expect = a.size / cells
+    return float(stats.chi2.sf(((counts - expect) ** 2 / expect).sum(), cells - 1))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hash_pairs_are_uniform_and_independent(seed):
+    """The hashes of consecutive indices (an odd-stride sequence under the finalizer) must look
+    independent: pairs of draws at the lags where the stride nearly wraps (Fibonacci numbers,
+    for the golden-ratio stride), in the high bits (the uniforms) and the low bits (the
+    strata), and the draws of two streams at the same index (two ranks rounding one
+    coordinate). A weak mixer (the stride alone, say) fails these by a wide margin."""
+    n = 1 << 20
+    idx = np.arange(n, dtype=np.uint64)
+    h = rng.hash_u32(*rng.make_key(seed, 5), idx)
+    other = rng.hash_u32(*rng.make_key(seed, 6), idx)
+    for shift in (26, 0):
+        v = (h >> np.uint32(shift)) & np.uint32(63)
+        for lag in (1, 2, 89, 4181, 46368, 317811):
+            assert _pair_chi2_pvalue(v[:-lag], v[lag:]) > 1e-6, (shift, lag)
+        w = (other >> np.uint32(shift)) & np.uint32(63)
+        assert _pair_chi2_pvalue(v, w) > 1e-6, shift
+
+
 def test_negative_seed_rejected():
     with pytest.raises(ValueError):
         rng.make_key(-1)
