@@ -47,6 +47,8 @@ def test_bench_codec_reports_ratios(tmp_path, capsys):
                  "--repeat", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["copy_gbps"] > 0 and len(res["rows"]) == 3
+    # the CPU the timings were taken on: LLVM's name for it and its vector instructions
+    assert res["cpu"] and res["cpu"].endswith(")") and " (" in res["cpu"]
     assert [r["name"] for r in res["rows"]] == ["mxfp8", "dq4_hier", "dynamiq hop"]
     for r in res["rows"]:
         ops = ("recompress",) if r["name"] == "dynamiq hop" else ("encode", "decode", "recompress")

@@ -71,7 +71,9 @@ def _table(rows: list[dict], ref: float | None, scale: bool) -> list[str]:
 
 def _kernels(report: dict) -> list[str]:
     """``dynamiq bench kernels``: throughput as a fraction of the same run's memory copy."""
-    out = [f"float32 tensors of {report['n']:,} coordinates, {report['threads']} threads; "
+    # JSON written before the CPU was recorded has no "cpu"
+    on = f" on {report['cpu']}" if "cpu" in report else ""
+    out = [f"float32 tensors of {report['n']:,} coordinates, {report['threads']} threads{on}; "
            f"memory copy {report['copy_gbps']:.2f} GB/s (read + write) in the same run. Each "
            "cell: throughput over the copy's (million coordinates per second per thread).", "",
            ".. list-table::", "   :header-rows: 1", "",

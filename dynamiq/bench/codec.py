@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numba
 import torch
 
-from dynamiq.bench.timing import best_time, copy_bandwidth
+from dynamiq.bench.timing import best_time, copy_bandwidth, host_cpu
 from dynamiq.quantizers import get_quantizer
 
 __all__ = ["DEFAULT_QUANTIZERS", "HOP_PIPELINE", "run"]
@@ -114,7 +114,8 @@ def run(
         log: Where progress lines and the table go.
 
     Returns:
-        JSON-serialisable ``{"n", "threads", "copy_gbps", "rows"}``; each row has, per
+        JSON-serialisable ``{"n", "threads", "cpu", "copy_gbps", "rows"}`` (``cpu``:
+        :func:`~dynamiq.bench.timing.host_cpu`); each row has, per
         operation, ``<op>_s``, ``<op>_gbps``, ``<op>_vs_copy`` (throughput over the copy's)
         and ``<op>_mcoords_per_core`` (million coordinates per second per thread).
     """
@@ -123,7 +124,8 @@ def run(
     threads = numba.get_num_threads()
     x = torch.randn(n)
     copy = copy_bandwidth(4 * n, repeat)
-    log(f"n = {n:,} float32, {threads} threads, memory copy {copy / 1e9:.2f} GB/s "
+    cpu = host_cpu()
+    log(f"n = {n:,} float32, {threads} threads on {cpu}, memory copy {copy / 1e9:.2f} GB/s "
         "(read + write)")
     rows = []
     for name in quantizers:
@@ -142,4 +144,4 @@ def run(
             + " ".join(_fmt(r, op) for op in _OPS))
     log(f"(ratio = throughput / memory-copy bandwidth {copy / 1e9:.2f} GB/s measured in this run; "
         "Mc/s/c = million coordinates per second per thread)")
-    return {"n": n, "threads": threads, "copy_gbps": copy / 1e9, "rows": rows}
+    return {"n": n, "threads": threads, "cpu": cpu, "copy_gbps": copy / 1e9, "rows": rows}

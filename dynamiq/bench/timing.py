@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-__all__ = ["best_time", "copy_bandwidth"]
+__all__ = ["best_time", "copy_bandwidth", "host_cpu"]
 
 #: Shortest block worth timing: one short call is dominated by the timer's own overhead.
 _MIN_BLOCK_S = 0.01
@@ -65,3 +65,16 @@ def copy_bandwidth(nbytes: int, repeat: int = 5) -> float:
     dst = torch.empty_like(src)
     t = best_time(lambda: dst.copy_(src), repeat)
     return 2 * src.numel() * 4 / t
+
+
+def host_cpu() -> str:
+    """The host CPU as LLVM names it, with its widest vector instructions, e.g.
+    ``"znver3 (AVX2)"``: the machine a CPU benchmark ran on (the Numba kernels compile for it,
+    so the same code runs at other speeds on other CPUs)."""
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    isa = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"),
+                                        ("sse4.2", "SSE4.2"), ("neon", "NEON"))
+                if features.get(flag, False)), "no vector extension known here")
+    return f"{llvm.get_host_cpu_name()} ({isa})"
