@@ -81,13 +81,19 @@ def _check_awkward_blocks(q, backend: str, what: str) -> None:
                 q.decode(want, backend="reference", **KEYS), f"{what} decode (awkward blocks)")
 
 
+#: FP8 elements in groups of 16 under super-groups: groups decoded two at a time, NaN codes
+#: among them
+_E4M3_G16 = BlockQuantizer("e4m3", group_size=16, scale="e4m3rel", super_group_size=256,
+                           super_scale="fp32")
+
+
 @pytest.mark.parametrize("name", ["mxfp8", "mxfp8_e5m2", "mxfp4", "int8_sr", "int4_sr",
-                                  "dq4_hier", "dq4_dither"])
+                                  "dq4_hier", "dq8_hier", "dq4_dither", "nvfp4", "e4m3_g16"])
 def test_every_element_code_decodes_as_the_reference(name):
     # Numba decodes minifloat and integer grids by arithmetic, and the codes no encoder writes
     # (a minifloat's NaN and Inf codes) through the table; small tables (dq4) through a chain
     # of selects: every byte value, in a decode and in a decode that accumulates
-    q = QUANTIZERS[name]
+    q = _E4M3_G16 if name == "e4m3_g16" else QUANTIZERS[name]
     n = 4096
     p = q.encode(vector(n, 3, specials=False), backend="reference", **KEYS)
     codes = p.sections()[0]
@@ -98,8 +104,31 @@ def test_every_element_code_decodes_as_the_reference(name):
         want = q.decode(p, base.clone(), accumulate=accumulate, backend="reference", **KEYS)
         got = q.decode(p, base.clone(), accumulate=accumulate, backend="numba", **KEYS)
         assert_same(got, want, f"{name} accumulate={accumulate}")
-        if name.startswith("mxfp8"):  # grids with NaN (and Inf) codes
+        if name.startswith("mxfp8") or name == "e4m3_g16":  # grids with NaN (and Inf) codes
             assert not torch.isfinite(want).all()
+
+
+@pytest.mark.parametrize("name,world", [("int4_sr", 1), ("dq4_hier", 1), ("dq8_hier", 1),
+                                        ("dq4_dither", 4), ("dq4_dither", 17)])
+def test_draws_across_a_high_word_change_match_the_reference(name, world):
+    # Numba's loops carry each element's stream state as an induction variable, restarted
+    # where the indices' high 32 bits change: a vector that straddles 2**32, in its encode,
+    # dithered decode and the fused hop (both ranks' draws in one loop for dq4_dither)
+    q = QUANTIZERS[name]
+    keys = dict(KEYS, world_size=world, rank=world - 1, index_offset=2**32 - 2 * 4096 - 77)
+    x = vector(3 * 4096 + 500, 6)
+    want = q.encode(x, backend="reference", **keys)
+    got = q.encode(x, backend="numba", **keys)
+    assert_same(got.data, want.data, f"{name} encode")
+    assert_same(q.decode(got, backend="numba", **keys),
+                q.decode(want, backend="reference", **keys), f"{name} decode")
+    hop = dict(keys, rank=0, in_rank=world - 1)
+    acc = vector(x.numel(), 7)
+    a_want, a_got = acc.clone(), acc.clone()
+    r_want = q.recompress(want, a_want, writeback="decoded", backend="reference", **hop)
+    r_got = q.recompress(want, a_got, writeback="decoded", backend="numba", **hop)
+    assert_same(r_got.data, r_want.data, f"{name} hop")
+    assert_same(a_got, a_want, f"{name} hop's decoded sum")
 
 
 @pytest.mark.parametrize("world", [17, 4])

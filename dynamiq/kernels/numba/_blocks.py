@@ -59,7 +59,7 @@ from dynamiq.kernels.numba.elements import (
     absmax,
     decode_scale,
     draw_uniform,
-    draw_walked,
+    draw_weyl,
     element_code,
     element_value,
     encode_scale,
@@ -78,7 +78,14 @@ from dynamiq.kernels.numba.elements import (
 from dynamiq.kernels.numba.levels import select_tree, tree_levels
 from dynamiq.kernels.numba.packing import HAS_BMI2, pdep64, pext64
 from dynamiq.kernels.numba.permute import HAS_AVX2, permute_levels
-from dynamiq.kernels.numba.rng import hash_u32, stratum_params
+from dynamiq.kernels.numba.rng import (
+    WEYL_STEP,
+    stratum_params,
+    weyl_hash,
+    weyl_state,
+    weyl_uniform,
+    window_end,
+)
 
 # --- spec ---
 BITS = 8
@@ -107,10 +114,17 @@ _pass = nb.njit(forceinline=True, cache=True, no_cpython_wrapper=True, no_cfunc_
                 error_model="numpy")
 
 U = np.uint64
+U32 = np.uint32
 GPB = BLOCK // GROUP  # groups per block
 TASK = max(1, 4096 // BLOCK)  # blocks per parallel task
 TN = TASK * BLOCK  # coordinates per task
 TG = TASK * GPB  # groups per task
+# Groups of fewer than 32 elements are decoded and normalised two at a time, in one loop of
+# twice the group size that picks each element's scale by a compare: LLVM vectorises a loop
+# 32 elements at a time (8 lanes, 4 interleaved), so a loop of 16 ran its scalar remainder
+# only. A block always holds an even number of such groups (both group sizes are powers of two).
+PAIRS = GROUP < 32 and GPB % 2 == 0
+GSTEP = 2 if PAIRS else 1
 # Codes are packed PACK at a time into PACK * BITS / 8 whole bytes (LSB first); widths whose
 # unit would not fit a 64-bit word fall back to a serial bit stream.
 PACK = 8 // math.gcd(BITS, 8)
@@ -244,10 +258,19 @@ def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
 def draw_loop(n, rand, gidx0, ub, pow2):
     """``ub[j]`` = the uniform that element ``gidx0 + j`` is rounded with, ``j < n`` (``pow2``:
     a literal, see ``draw_uniform``)."""
-    for j in range(n):
-        ju = U(j)
-        ub[ju] = draw_uniform(EMODE, rand[0], rand[1], rand[2], rand[3], rand[6], rand[7],
-                              gidx0 + ju, pow2)
+    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    # one run but where the indices' high words change (see window_end): the elements' stream
+    # states are induction variables of the inner loop
+    j = np.int64(0)
+    while j < n:
+        end = window_end(gidx0, j, n)
+        w, c = weyl_state(k0, k1, gidx0 + U(j))
+        wp, cp = weyl_state(p0, p1, gidx0 + U(j))
+        for jj in range(j, end):
+            ub[U(jj)] = draw_weyl(EMODE, w, c, wp, cp, rank, world, pow2)
+            w = U32(w + WEYL_STEP)
+            wp = U32(wp + WEYL_STEP)
+        j = end
 
 
 @_pass
@@ -283,11 +306,18 @@ def draw_walk(n, rand, gidx0, ub):
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
     m, s = stratum_params(world)
     missed = np.uint32(0)
-    for j in range(n):
-        ju = U(j)
-        u = draw_walked(k0, k1, p0, p1, rank, world, m, s, gidx0 + ju, WALK)
-        ub[ju] = u
-        missed = np.uint32(missed + np.uint32(u < np.float32(0.0)))
+    j = np.int64(0)
+    while j < n:
+        end = window_end(gidx0, j, n)
+        w, c = weyl_state(k0, k1, gidx0 + U(j))
+        wp, cp = weyl_state(p0, p1, gidx0 + U(j))
+        for jj in range(j, end):
+            u = walked(weyl_uniform(w, c), weyl_hash(wp, cp), rank, world, m, s, WALK)
+            ub[U(jj)] = u
+            missed = np.uint32(missed + np.uint32(u < np.float32(0.0)))
+            w = U32(w + WEYL_STEP)
+            wp = U32(wp + WEYL_STEP)
+        j = end
     if missed != 0:
         redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, ub)
 
@@ -314,23 +344,32 @@ def draw_pairs(n, irand, rand, gidx0, ui, uo):
     """
     ik0, ik1, irank = irand[0], irand[1], irand[6]
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-    if (world & (world - 1)) == 0:
-        for j in range(n):
-            ju = U(j)
-            h = hash_u32(p0, p1, gidx0 + ju)
-            ui[ju] = stratified(uniform(ik0, ik1, gidx0 + ju), h, irank, world, True)
-            uo[ju] = stratified(uniform(k0, k1, gidx0 + ju), h, rank, world, True)
-        return
+    pow2 = (world & (world - 1)) == 0
     m, s = stratum_params(world)
     missed = np.uint32(0)
-    for j in range(n):
-        ju = U(j)
-        h = hash_u32(p0, p1, gidx0 + ju)
-        a = walked(uniform(ik0, ik1, gidx0 + ju), h, irank, world, m, s, WALK)
-        b = walked(uniform(k0, k1, gidx0 + ju), h, rank, world, m, s, WALK)
-        ui[ju] = a
-        uo[ju] = b
-        missed = np.uint32(missed + np.uint32((a < np.float32(0.0)) | (b < np.float32(0.0))))
+    j = np.int64(0)
+    while j < n:
+        end = window_end(gidx0, j, n)
+        wi, ci = weyl_state(ik0, ik1, gidx0 + U(j))
+        w, c = weyl_state(k0, k1, gidx0 + U(j))
+        wp, cp = weyl_state(p0, p1, gidx0 + U(j))
+        if pow2:
+            for jj in range(j, end):
+                h = weyl_hash(wp, cp)
+                ui[U(jj)] = stratified(weyl_uniform(wi, ci), h, irank, world, True)
+                uo[U(jj)] = stratified(weyl_uniform(w, c), h, rank, world, True)
+                wi, w, wp = U32(wi + WEYL_STEP), U32(w + WEYL_STEP), U32(wp + WEYL_STEP)
+        else:
+            for jj in range(j, end):
+                h = weyl_hash(wp, cp)
+                a = walked(weyl_uniform(wi, ci), h, irank, world, m, s, WALK)
+                b = walked(weyl_uniform(w, c), h, rank, world, m, s, WALK)
+                ui[U(jj)] = a
+                uo[U(jj)] = b
+                missed = np.uint32(missed + np.uint32((a < np.float32(0.0))
+                                                      | (b < np.float32(0.0))))
+                wi, w, wp = U32(wi + WEYL_STEP), U32(w + WEYL_STEP), U32(wp + WEYL_STEP)
+        j = end
     if missed != 0:
         redraw_walks(n, ik0, ik1, p0, p1, irank, world, gidx0, ui)
         redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, uo)
@@ -375,9 +414,10 @@ def put(dst, i, v, add):
 
 
 @_pass
-def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, lb, lv, enfin, add):
+def group_pass(cb, base, gsize, s, s2, dst, d0, edec, kap, ub, lb, lv, enfin, add):
     """``dst[d0 + j] = decode(cb[j])`` (``+=`` when ``add``, a literal) for the group at
-    ``base`` (``ub``: the uniforms; ``lb``: the levels, with ``LOADED``; ``lv``: the table's
+    ``base`` under scale ``s``, and with ``PAIRS`` the next group too, under ``s2`` (``ub``:
+    the uniforms; ``lb``: the levels, with ``LOADED``; ``lv``: the table's
     :func:`tree_levels`).
 
     Levels come from ``level_value`` with the decode family ``DFAM``. An arithmetic one
@@ -387,19 +427,22 @@ def group_pass(cb, base, gsize, s, dst, d0, edec, kap, ub, lb, lv, enfin, add):
     has one.
     """
     top = np.uint32(0)
-    for k in range(gsize):
+    span = gsize * GSTEP
+    for k in range(span):
         j = base + U(k)
-        v = group_value(cb, j, s, edec, kap, ub, lb, lv, DFAM)
+        sk = (s if U(k) < U(gsize) else s2) if PAIRS else s
+        v = group_value(cb, j, sk, edec, kap, ub, lb, lv, DFAM)
         if FIXUP:
             mag = np.uint32(np.uint32(cb[j]) & np.uint32(MMAG))
             top = max(top, mag)
             v = v if mag < np.uint32(enfin) else np.float32(-0.0)
         put(dst, d0 + j, v, add)
     if FIXUP and top >= np.uint32(enfin):
-        for k in range(gsize):
+        for k in range(span):
             j = base + U(k)
+            sk = (s if U(k) < U(gsize) else s2) if PAIRS else s
             if (np.uint32(cb[j]) & np.uint32(MMAG)) >= np.uint32(enfin):
-                put(dst, d0 + j, group_value(cb, j, s, edec, kap, ub, lb, lv, 0), add)
+                put(dst, d0 + j, group_value(cb, j, sk, edec, kap, ub, lb, lv, 0), add)
 
 
 @_pass
@@ -416,9 +459,10 @@ def decode_drawn(cb, sv, ng, gsize, dst, d0, edec, kap, ub, lb, enfin, add):
         lv = tree_levels(edec, MBITS)
     else:
         lv = (edec[0],)
-    for g in range(ng):
-        group_pass(cb, U(g) * U(gsize), gsize, sv[g], dst, d0, edec, kap, ub, lb, lv, enfin,
-                   add)
+    for g in range(0, ng, GSTEP):
+        s2 = sv[g + 1] if PAIRS else sv[g]
+        group_pass(cb, U(g) * U(gsize), gsize, sv[g], s2, dst, d0, edec, kap, ub, lb, lv,
+                   enfin, add)
 
 
 @_pass
@@ -542,14 +586,18 @@ def normalise(src, s0, ng, gsize, ginv, gpre, gkeep, y, dead):
     for a table with a zero level, and for a mid-rise table the level itself (a +0 there could
     round across zero to the code of the negative level).
     """
-    for g in range(ng):
-        inv = ginv[g]
-        pre = gpre[g]
-        keep = gkeep[g]
+    span = gsize * GSTEP
+    for g in range(0, ng, GSTEP):
         base = U(g) * U(gsize)
-        for k in range(gsize):
-            v = (src[s0 + base + U(k)] * pre) * inv
-            y[base + U(k)] = v if keep != 0 else dead
+        # with PAIRS, the second half of the span is the next group's (values picked by a
+        # compare: an index picked so would make every load a gather)
+        h = g + 1 if PAIRS else g
+        inv, inv2, pre, pre2 = ginv[g], ginv[h], gpre[g], gpre[h]
+        keep, keep2 = gkeep[g] != 0, gkeep[h] != 0
+        for k in range(span):
+            first = U(k) < U(gsize)
+            v = (src[s0 + base + U(k)] * (pre if first else pre2)) * (inv if first else inv2)
+            y[base + U(k)] = v if (keep if first else keep2) else dead
 
 
 @_pass
@@ -560,13 +608,19 @@ def code_loop(y, n, cb, tables, consts, rand, gidx0):
     enfin, lshift, lkey0, llen = consts[7], consts[8], consts[9], consts[10]
     k0, k1 = rand[0], rand[1]
     lv = halving_levels(etab, MBITS)
-    for j in range(n):
-        ju = U(j)
-        u = np.float32(0.0)
-        if EMODE != NEAREST:
-            u = uniform(k0, k1, gidx0 + ju)
-        cb[ju] = CODE_T(element_code(y[ju], u, etab, enfin, lut, lshift, lkey0, llen, MBITS,
-                                     EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
+    j = np.int64(0)
+    while j < n:
+        end = window_end(gidx0, j, n)
+        w, c = weyl_state(k0, k1, gidx0 + U(j))
+        for jj in range(j, end):
+            ju = U(jj)
+            u = np.float32(0.0)
+            if EMODE != NEAREST:
+                u = weyl_uniform(w, c)
+            cb[ju] = CODE_T(element_code(y[ju], u, etab, enfin, lut, lshift, lkey0, llen,
+                                         MBITS, EFAM, EMANT, EBIAS, EMODE, MIDRISE, lv))
+            w = U32(w + WEYL_STEP)
+        j = end
 
 
 @_pass

@@ -45,11 +45,19 @@ from dynamiq.kernels.numba.levels import (
     round_bracket,
     round_index,
 )
-from dynamiq.kernels.numba.rng import hash_u32, stratum, stratum_pow2, stratum_steps, uniform
+from dynamiq.kernels.numba.rng import (
+    stratum,
+    stratum_pow2,
+    stratum_steps,
+    uniform,
+    weyl_hash,
+    weyl_state,
+    weyl_uniform,
+)
 
 __all__ = [
     "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
-    "decode_scale", "draw_uniform", "draw_walked", "element_code", "element_value", "encode_scale",
+    "decode_scale", "draw_uniform", "draw_weyl", "element_code", "element_value", "encode_scale",
     "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "lut_finish",
     "lut_key", "round_code", "store_word", "stratified", "uniform", "walked",
 ]
@@ -71,10 +79,21 @@ def draw_uniform(mode, k0, k1, p0, p1, rank, world, gidx, pow2=False):
     ``pow2`` (a literal) asserts that ``world`` is a power of two, which makes the stratum's
     computation loop-free (:func:`~dynamiq.kernels.numba.rng.stratum_pow2`).
     """
-    g = uniform(k0, k1, gidx)
+    w, c = weyl_state(k0, k1, gidx)
+    wp, cp = weyl_state(p0, p1, gidx)
+    return draw_weyl(mode, w, c, wp, cp, rank, world, pow2)
+
+
+@nb.njit(inline="always", cache=True)
+def draw_weyl(mode, w, c, wp, cp, rank, world, pow2=False):
+    """:func:`draw_uniform` of the element whose stream states are ``(w, c)`` under the
+    rank's key and ``(wp, cp)`` under the shared one
+    (:func:`~dynamiq.kernels.numba.rng.weyl_state`): what a loop over consecutive elements
+    draws, advancing both states."""
+    g = weyl_uniform(w, c)
     if mode != CORRELATED:
         return g
-    return stratified(g, hash_u32(p0, p1, gidx), rank, world, pow2)
+    return stratified(g, weyl_hash(wp, cp), rank, world, pow2)
 
 
 @nb.njit(inline="always", cache=True)
@@ -93,19 +112,12 @@ def stratified(g, h, rank, world, pow2=False):
 
 
 @nb.njit(inline="always", cache=True)
-def draw_walked(k0, k1, p0, p1, rank, world, m, s, gidx, steps):
-    """:func:`draw_uniform` of correlated rounding over any world, its stratum's cycle walk
-    cut at ``steps`` (a literal, :func:`~dynamiq.kernels.numba.rng.stratum_steps`; ``m``,
-    ``s``: :func:`~dynamiq.kernels.numba.rng.stratum_params`): the same uniform, or -1 for the
-    rare element whose walk is longer (the caller draws it again with :func:`draw_uniform`).
-    """
-    return walked(uniform(k0, k1, gidx), hash_u32(p0, p1, gidx), rank, world, m, s, steps)
-
-
-@nb.njit(inline="always", cache=True)
 def walked(g, h, rank, world, m, s, steps):
-    """:func:`draw_walked` from the rank's own uniform ``g`` and the shared hash ``h`` (see
-    :func:`stratified`)."""
+    """:func:`draw_uniform` of correlated rounding over any world from the rank's own uniform
+    ``g`` and the shared hash ``h`` (see :func:`stratified`), its stratum's cycle walk cut at
+    ``steps`` (a literal, :func:`~dynamiq.kernels.numba.rng.stratum_steps`; ``m``, ``s``:
+    :func:`~dynamiq.kernels.numba.rng.stratum_params`): the same uniform, or -1 for the rare
+    element whose walk is longer (the caller draws it again with :func:`draw_uniform`)."""
     slot, done = stratum_steps(h, rank, world, m, s, steps)
     u = (np.float32(slot) + g) / np.float32(world)
     return u if done else np.float32(-1.0)
