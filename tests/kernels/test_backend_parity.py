@@ -111,9 +111,10 @@ def test_every_element_code_decodes_as_the_reference(name):
 @pytest.mark.parametrize("name,world", [("int4_sr", 1), ("dq4_hier", 1), ("dq8_hier", 1),
                                         ("dq4_dither", 4), ("dq4_dither", 17)])
 def test_draws_across_a_high_word_change_match_the_reference(name, world):
-    # Numba's loops carry each element's stream state as an induction variable, restarted
-    # where the indices' high 32 bits change: a vector that straddles 2**32, in its encode,
-    # dithered decode and the fused hop (both ranks' draws in one loop for dq4_dither)
+    # Numba's loops carry each element's (and each group's, for stochastic scales) stream
+    # state as an induction variable, restarted where the indices' high 32 bits change: a
+    # vector that straddles 2**32, in its encode, dithered decode and the fused hop (both
+    # ranks' draws in one loop for dq4_dither)
     q = QUANTIZERS[name]
     keys = dict(KEYS, world_size=world, rank=world - 1, index_offset=2**32 - 2 * 4096 - 77)
     x = vector(3 * 4096 + 500, 6)

@@ -72,7 +72,6 @@ from dynamiq.kernels.numba.elements import (
     round_code,
     store_word,
     stratified,
-    uniform,
     walked,
 )
 from dynamiq.kernels.numba.levels import select_tree, tree_levels
@@ -263,7 +262,7 @@ def draw_loop(n, rand, gidx0, ub, pow2):
     # states are induction variables of the inner loop
     j = np.int64(0)
     while j < n:
-        end = window_end(gidx0, j, n)
+        end = window_end(gidx0, j, n, 1)
         w, c = weyl_state(k0, k1, gidx0 + U(j))
         wp, cp = weyl_state(p0, p1, gidx0 + U(j))
         for jj in range(j, end):
@@ -308,7 +307,7 @@ def draw_walk(n, rand, gidx0, ub):
     missed = np.uint32(0)
     j = np.int64(0)
     while j < n:
-        end = window_end(gidx0, j, n)
+        end = window_end(gidx0, j, n, 1)
         w, c = weyl_state(k0, k1, gidx0 + U(j))
         wp, cp = weyl_state(p0, p1, gidx0 + U(j))
         for jj in range(j, end):
@@ -349,7 +348,7 @@ def draw_pairs(n, irand, rand, gidx0, ui, uo):
     missed = np.uint32(0)
     j = np.int64(0)
     while j < n:
-        end = window_end(gidx0, j, n)
+        end = window_end(gidx0, j, n, 1)
         wi, ci = weyl_state(ik0, ik1, gidx0 + U(j))
         w, c = weyl_state(k0, k1, gidx0 + U(j))
         wp, cp = weyl_state(p0, p1, gidx0 + U(j))
@@ -536,16 +535,26 @@ def task_scales(src, s0, b0, cnt, scales, supers, tables, consts, rand, w):
             for gi in range(GPB):
                 pg[i * GPB + gi] = parent
                 pgbad[i * GPB + gi] = bad
-    q0, q1, offset = rand[4], rand[5], U(rand[8])
-    for g in range(ng):
-        gu = U(g)
-        sstar = gmax[gu] / sdiv
-        if HIER:
-            parent = pg[gu]
-            sstar = np.float32(0.0) if parent == 0 else sstar / parent
-        gr[gu] = sstar
-        if SMODE == STOCHASTIC:
-            gus[gu] = uniform(q0, q1, offset + (b0 * U(GPB) + gu) * U(GROUP))
+    q0, q1 = rand[4], rand[5]
+    # the scale rounding's uniform of group g is that of its first coordinate's index: a
+    # stride of GROUP, carried as an induction variable (see draw_loop)
+    first = U(rand[8]) + b0 * U(BLOCK)
+    step = U32(WEYL_STEP * U32(GROUP))
+    j = np.int64(0)
+    while j < ng:
+        end = window_end(first, j, ng, GROUP)
+        w, c = weyl_state(q0, q1, first + U(j) * U(GROUP))
+        for g in range(j, end):
+            gu = U(g)
+            sstar = gmax[gu] / sdiv
+            if HIER:
+                parent = pg[gu]
+                sstar = np.float32(0.0) if parent == 0 else sstar / parent
+            gr[gu] = sstar
+            if SMODE == STOCHASTIC:
+                gus[gu] = weyl_uniform(w, c)
+            w = U32(w + step)
+        j = end
     for g in range(ng):
         gu = U(g)
         us = gus[gu] if SMODE == STOCHASTIC else np.float32(0.0)
@@ -610,7 +619,7 @@ def code_loop(y, n, cb, tables, consts, rand, gidx0):
     lv = halving_levels(etab, MBITS)
     j = np.int64(0)
     while j < n:
-        end = window_end(gidx0, j, n)
+        end = window_end(gidx0, j, n, 1)
         w, c = weyl_state(k0, k1, gidx0 + U(j))
         for jj in range(j, end):
             ju = U(jj)

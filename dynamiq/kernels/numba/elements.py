@@ -49,7 +49,6 @@ from dynamiq.kernels.numba.rng import (
     stratum,
     stratum_pow2,
     stratum_steps,
-    uniform,
     weyl_hash,
     weyl_state,
     weyl_uniform,
@@ -59,7 +58,7 @@ __all__ = [
     "CORRELATED", "FLT_MAX", "KIND_FP32", "KIND_TABLE", "NEAREST", "STOCHASTIC", "UP", "absmax",
     "decode_scale", "draw_uniform", "draw_weyl", "element_code", "element_value", "encode_scale",
     "encode_scale_bucket", "halving_levels", "level_to_value", "load_word", "lut_finish",
-    "lut_key", "round_code", "store_word", "stratified", "uniform", "walked",
+    "lut_key", "round_code", "store_word", "stratified", "walked",
 ]
 
 # plain ints, which Numba compiles as constants

@@ -70,12 +70,15 @@ def weyl_uniform(w, c):
 
 
 @nb.njit(cache=True)
-def window_end(gidx0, j, n):
-    """The end (int64, at most ``n``) of the run of elements ``gidx0 + j ..`` that share the
-    high 32 bits of their index, so that one :func:`weyl_state` serves them all: ``n`` but
-    where the run crosses a multiple of ``2**32``."""
-    lo = (np.uint64(gidx0) + np.uint64(j)) & np.uint64(0xFFFFFFFF)
-    return np.int64(min(np.uint64(n), np.uint64(j) + (np.uint64(1 << 32) - lo)))
+def window_end(gidx0, j, n, stride):
+    """The end (int64, at most ``n``) of the run of elements ``j ..`` whose indices
+    ``gidx0 + j * stride ..`` share their high 32 bits, so that one :func:`weyl_state`
+    (advanced by ``stride * WEYL_STEP`` per element) serves them all: ``n`` but where the
+    run crosses a multiple of ``2**32``."""
+    st = np.uint64(stride)
+    lo = (np.uint64(gidx0) + np.uint64(j) * st) & np.uint64(0xFFFFFFFF)
+    room = (np.uint64(1 << 32) - lo + st - np.uint64(1)) // st
+    return np.int64(min(np.uint64(n), np.uint64(j) + room))
 
 
 @nb.njit(cache=True)
