@@ -34,7 +34,7 @@ from dynamiq.kernels.backend import (
     resolve_backend,
     unregister_backend,
 )
-from dynamiq.kernels.tables import FormatTables, bucket_lut, element_family
+from dynamiq.kernels.tables import FormatTables, bucket_lut, element_family, uniform_grid
 
 __all__ = [
     "FLT_MAX",
@@ -65,5 +65,6 @@ __all__ = [
     "register_backend",
     "resolve_backend",
     "rht_norm",
+    "uniform_grid",
     "unregister_backend",
 ]

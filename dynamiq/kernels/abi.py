@@ -184,15 +184,15 @@ class KernelSpec(NamedTuple):
     emant: int = 0  # FAMILY_FLOAT: mantissa bits
     ebias: int = 0  # FAMILY_FLOAT: exponent bias
     midrise: bool = False  # no zero level: rounds across zero, negatives use 1 - u
+    sgrid: int = 0  # table group scale: k if its levels are i / k (tables.uniform_grid)
 
     def tag(self) -> str:
         """Readable, unique name of the variant."""
-        return (
-            f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
-            f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
-            f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}_p{self.ssearch}"
-            f"_e{self.efam}x{self.emant}x{self.ebias}{'z' if self.midrise else ''}"
-        )
+        return (f"b{self.bits}m{self.mbits}r{self.emode}_g{self.group}_B{self.block}"
+                f"{'h' if self.hier else 'f'}_s{self.skind}x{self.sbytes}r{self.smode}"
+                f"_u{self.ukind}x{self.ubytes}{'d' if self.dither else ''}_p{self.ssearch}"
+                f"_e{self.efam}x{self.emant}x{self.ebias}{'z' if self.midrise else ''}"
+                f"{f'_q{self.sgrid}' if self.sgrid else ''}")
 
 
 class RandKeys(NamedTuple):

@@ -14,7 +14,7 @@ import numpy as np
 
 from dynamiq.formats import NumberFormat
 
-__all__ = ["FormatTables", "bucket_lut", "element_family"]
+__all__ = ["FormatTables", "bucket_lut", "element_family", "uniform_grid"]
 
 _MAX_LUT_BITS = 16
 
@@ -105,6 +105,20 @@ def element_family(mags: np.ndarray, mbits: int) -> tuple[int, int, int]:
     if (1 << mbits) <= CHAIN_LEVELS:
         return FAMILY_CHAIN, 0, 0
     return FAMILY_TABLE, 0, 0
+
+
+def uniform_grid(mags: np.ndarray) -> int:
+    """``k`` when the finite magnitudes ``mags`` are exactly ``float32(i) / float32(k)`` for
+    ``i = 0 .. k`` (a uniform scale grid such as ``u8rel``), else 0: whether a kernel may find a
+    value's bracket by arithmetic (:func:`dynamiq.kernels.numba.levels.round_grid`), which
+    computes each level so. Decided from the values alone, like :func:`element_family`.
+    """
+    mags = np.asarray(mags, dtype=np.float32)
+    k = len(mags) - 1
+    if k < 1 or k >= 1 << 24:  # the indices must be exact float32 integers
+        return 0
+    grid = np.arange(k + 1, dtype=np.float32) / np.float32(k)
+    return k if np.array_equal(mags, grid) else 0
 
 
 @dataclass(frozen=True)

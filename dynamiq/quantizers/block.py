@@ -15,6 +15,7 @@ import torch
 
 from dynamiq.formats import NumberFormat, resolve_format
 from dynamiq.kernels import (
+    KIND_TABLE,
     ROUNDING,
     SCALE_ROUNDING,
     BlockCode,
@@ -26,6 +27,7 @@ from dynamiq.kernels import (
     Writeback,
     backend_for,
     element_family,
+    uniform_grid,
 )
 from dynamiq.quantizers.checks import check_quantizer_config
 from dynamiq.quantizers.layout import compact, expand, wire_layout
@@ -188,6 +190,7 @@ class BlockQuantizer:
             smode=int(SCALE_ROUNDING[self.scale_rounding]), ukind=u.kind, ubytes=u.nbytes,
             dither=self.dither, ssearch=0 if sc.lut.size > 1 else sc.logp, efam=efam,
             emant=emant, ebias=ebias, midrise=self.element.midrise,
+            sgrid=uniform_grid(sc.search[: sc.nfin]) if sc.kind == KIND_TABLE else 0,
         )
         return BlockCode(spec, e, sc, u, self._scale_divisor,
                          np.float32(self.dither_amplitude))

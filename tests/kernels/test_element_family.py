@@ -12,10 +12,10 @@ import numba as nb
 import numpy as np
 import pytest
 
-from dynamiq.formats import EpsilonFormat, FloatFormat, IntFormat
+from dynamiq.formats import EpsilonFormat, FloatFormat, IntFormat, LevelFormat
 from dynamiq.kernels.abi import Rounding
 from dynamiq.kernels.numba.elements import draw_uniform, element_code
-from dynamiq.kernels.numba.levels import halving_levels
+from dynamiq.kernels.numba.levels import halving_levels, lut_bracket, round_bracket, round_grid
 from dynamiq.kernels.tables import (
     FAMILY_CHAIN,
     FAMILY_FLOAT,
@@ -23,6 +23,7 @@ from dynamiq.kernels.tables import (
     FAMILY_TABLE,
     FormatTables,
     element_family,
+    uniform_grid,
 )
 
 FORMATS = [
@@ -113,3 +114,55 @@ def test_chain_applies_to_any_small_table():
     mags = np.array([0.0, 0.1, 0.15, 0.7, 0.71, 2.0, 9.0, 9.5], np.float32)
     assert element_family(mags, 3)[0] == FAMILY_CHAIN
     assert element_family(np.linspace(0, 1, 128, dtype=np.float32) ** 3, 7)[0] == FAMILY_TABLE
+
+
+# ---- uniform scale grids ------------------------------------------------------------------
+def test_uniform_grid_classification():
+    # u8rel (and any IntFormat(normalized=True) of unsigned levels) is the grid i / k; the
+    # others are not
+    u8rel = FormatTables.of(IntFormat(8, signed=False, normalized=True))
+    assert uniform_grid(u8rel.search[: u8rel.nfin]) == 255
+    assert uniform_grid(np.arange(5, dtype=np.float32) / np.float32(4)) == 4
+    assert uniform_grid(np.linspace(0, 1, 16, dtype=np.float32) ** 2) == 0
+    assert uniform_grid(np.array([0.0, 0.5, 1.0 + 2**-23], np.float32)) == 0  # one ulp off
+    assert uniform_grid(np.array([1.0], np.float32)) == 0
+
+
+@nb.njit(cache=False)
+def _round_both(a, u, tab, nfin, lut, lshift, lkey0, llen, k, mode, grid, table):
+    for i in range(a.size):
+        grid[i] = round_grid(a[i], k, mode, u[i])
+        table[i] = round_bracket(a[i], lut_bracket(a[i], lut, lshift, lkey0, llen, tab, nfin),
+                                 tab, nfin, mode, u[i])
+
+
+def _grid_format(k: int):
+    """Unsigned levels ``i / k``: an integer format's for ``k = 2**b - 1``, a level table's
+    otherwise (where ``a * k`` truncated misses the bracket by one now and then)."""
+    if (k + 1) & k == 0:
+        return IntFormat(k.bit_length(), signed=False, normalized=True)
+    return LevelFormat(tuple(np.arange(k + 1, dtype=np.float32) / np.float32(k)), signed=False)
+
+
+@pytest.mark.parametrize("mode", list(Rounding))
+@pytest.mark.parametrize("k", [3, 15, 255, 4095, 100, 1000])
+def test_grid_search_equals_table_search(k, mode):
+    # every level, its float32 neighbours up to 64 steps away and midpoints, zero, tiny, past
+    # the top, +inf and NaN, and random values, each with a uniform near 0, near 1 and in
+    # between: the arithmetic bracket and rounding give the table search's index
+    t = FormatTables.of(_grid_format(k))
+    assert uniform_grid(t.search[: t.nfin]) == k == t.nfin - 1
+    levels = t.search[: t.nfin]
+    near = [(levels.view(np.int32) + d).view(np.float32) for d in range(-64, 65, 3)]
+    rand = np.random.default_rng(k).random(20000, dtype=np.float32)
+    y = np.concatenate([_probe(levels), *near, rand, np.array([np.inf, np.nan], np.float32)])
+    y = y[~(y < 0)]
+    a = np.repeat(y, 3)
+    u = np.tile(np.array([0.0, 0.999999940, 0.5], np.float32), y.size)
+    grid = np.empty(a.size, np.uint32)
+    table = np.empty(a.size, np.uint32)
+    _round_both(a, u, t.search, t.nfin, t.lut, t.lshift, t.lkey0, len(t.lut), k, int(mode),
+                grid, table)
+    bad = np.flatnonzero(grid != table)
+    assert bad.size == 0, (f"k={k}: first mismatch at {a[bad[0]]!r}, u={u[bad[0]]}: "
+                           f"{grid[bad[0]]} vs table {table[bad[0]]}")

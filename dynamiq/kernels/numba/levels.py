@@ -18,8 +18,8 @@ from dynamiq.kernels.abi import Rounding
 
 __all__ = [
     "chain_bracket", "float_bracket", "float_nearest", "halving_bracket8", "halving_bracket16",
-    "halving_levels", "level_value", "lut_bracket", "lut_finish", "lut_key", "round_bracket",
-    "round_index", "search_bracket", "select_tree", "tree_levels",
+    "halving_levels", "level_value", "lut_bracket", "lut_finish", "lut_key", "round_between",
+    "round_bracket", "round_grid", "round_index", "search_bracket", "select_tree", "tree_levels",
 ]
 
 # plain ints, which Numba compiles as constants
@@ -39,8 +39,13 @@ def round_bracket(a, lo, tab, nfin, mode, u):
     element loops vectorise.
     """
     hi = min(lo + np.uint32(1), np.uint32(nfin - 1))
-    vlo = tab[lo]
-    vhi = tab[hi]
+    return round_between(a, lo, hi, tab[lo], tab[hi], mode, u)
+
+
+@nb.njit(inline="always", cache=True)
+def round_between(a, lo, hi, vlo, vhi, mode, u):
+    """:func:`round_bracket` given the bracket's indices ``lo <= hi`` (uint32) and its levels
+    ``vlo``, ``vhi``: the rounded index."""
     if mode == NEAREST:
         dlo = a - vlo
         dhi = vhi - a
@@ -52,6 +57,27 @@ def round_bracket(a, lo, tab, nfin, mode, u):
     else:
         up = False
     return lo + np.uint32(up & (lo < hi))
+
+
+@nb.njit(inline="always", cache=True)
+def round_grid(a, k, mode, u):
+    """:func:`round_bracket` of ``a >= 0`` (or NaN) in the table of levels ``float32(i) /
+    float32(k)``, ``i = 0 .. k`` (:func:`dynamiq.kernels.tables.uniform_grid`), by arithmetic:
+    the same index without a table load, so a loop over many values vectorises.
+
+    ``a * k`` truncated is the bracket's floor index up to the rounding of that product; one
+    compare with each neighbouring level, computed as the table computes it, corrects it. NaN
+    and values at or beyond the top level give the top index, as the table search does.
+    """
+    kf = np.float32(k)
+    top = np.uint32(k)
+    t = a * kf
+    # NaN and +inf fail the compare and saturate, as in the bucket lookup
+    lo = np.uint32(t) if t < kf else top
+    lo = lo - np.uint32((np.float32(lo) / kf > a) & (lo > np.uint32(0)))
+    lo = lo + np.uint32((lo < top) & (np.float32(lo + np.uint32(1)) / kf <= a))
+    hi = min(lo + np.uint32(1), top)
+    return round_between(a, lo, hi, np.float32(lo) / kf, np.float32(hi) / kf, mode, u)
 
 
 @nb.njit(inline="always", cache=True)
