@@ -171,7 +171,7 @@ DRAWN = EMODE != NEAREST and (TABLED or EMODE == CORRELATED)
 UN_ENC = TN if DRAWN else 1
 BN = TN if TABLED else 1
 UN_DEC = TN if DITHER else 1
-# steps of the stratum's cycle walk taken in vector lanes (see draw_walk)
+# steps of the stratum's cycle walk taken in vector lanes (see draw_loop)
 WALK = 6
 # whether a hop draws the sender's uniforms (a dithered decode) and its own (correlated
 # rounding) in one loop, from one hash of their shared key (see draw_pairs)
@@ -260,8 +260,19 @@ def group_scales(scales, supers, sdec, udec, b0, nb_, sv):
 @_pass
 def draw_loop(n, rand, gidx0, ub, pow2):
     """``ub[j]`` = the uniform that element ``gidx0 + j`` is rounded with, ``j < n`` (``pow2``:
-    a literal, see ``draw_uniform``)."""
+    a literal, see ``draw_uniform``; correlated rounding over a world that is not a power of
+    two takes the walk below).
+
+    The stratum's cycle walk has a data-dependent number of steps, which kept the loop scalar
+    (measured: about 18 ns per element for DynamiQ's 5-bit encode over 3 ranks). The walk's
+    first ``WALK`` steps run in vector lanes instead, as a loop without exits; the few elements
+    whose walk is longer (under 2 %, each step leaving the world's range with probability
+    below one half) are marked -1 and drawn again by the full walk in a second loop, which
+    runs only when the first counted one.
+    """
     k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
+    m, s = stratum_params(world)
+    missed = np.uint32(0)
     # one run but where the indices' high words change (see window_end): the elements' stream
     # states are induction variables of the inner loop
     j = np.int64(0)
@@ -270,10 +281,17 @@ def draw_loop(n, rand, gidx0, ub, pow2):
         w, c = weyl_state(k0, k1, gidx0 + U(j))
         wp, cp = weyl_state(p0, p1, gidx0 + U(j))
         for jj in range(j, end):
-            ub[U(jj)] = draw_weyl(EMODE, w, c, wp, cp, rank, world, pow2)
+            if EMODE == CORRELATED and not pow2:
+                u = walked(weyl_uniform(w, c), weyl_hash(wp, cp), rank, world, m, s, WALK)
+                missed = np.uint32(missed + np.uint32(u < np.float32(0.0)))
+            else:
+                u = draw_weyl(EMODE, w, c, wp, cp, rank, world, pow2)
+            ub[U(jj)] = u
             w = U32(w + WEYL_STEP)
             wp = U32(wp + WEYL_STEP)
         j = end
+    if missed != 0:
+        redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, ub)
 
 
 @_pass
@@ -286,43 +304,10 @@ def draw_uniforms(n, rand, gidx0, ub):
     power-of-two world takes the stratum without the cycle walk (the condition on spec
     constants is pruned when Numba compiles).
     """
-    if EMODE == CORRELATED:
-        if (rand[7] & (rand[7] - 1)) == 0:
-            draw_loop(n, rand, gidx0, ub, True)
-        else:
-            draw_walk(n, rand, gidx0, ub)
-        return
-    draw_loop(n, rand, gidx0, ub, False)
-
-
-@_pass
-def draw_walk(n, rand, gidx0, ub):
-    """:func:`draw_loop` of correlated rounding over a world that is not a power of two.
-
-    The stratum's cycle walk has a data-dependent number of steps, which kept the loop scalar
-    (measured: about 18 ns per element for DynamiQ's 5-bit encode over 3 ranks). The walk's
-    first ``WALK`` steps run in vector lanes instead, as a loop without exits; the few elements
-    whose walk is longer (under 2 %, each step leaving the world's range with probability
-    below one half) are marked -1 and drawn again by the full walk in a second loop, which
-    runs only when the first counted one.
-    """
-    k0, k1, p0, p1, rank, world = rand[0], rand[1], rand[2], rand[3], rand[6], rand[7]
-    m, s = stratum_params(world)
-    missed = np.uint32(0)
-    j = np.int64(0)
-    while j < n:
-        end = window_end(gidx0, j, n, 1)
-        w, c = weyl_state(k0, k1, gidx0 + U(j))
-        wp, cp = weyl_state(p0, p1, gidx0 + U(j))
-        for jj in range(j, end):
-            u = walked(weyl_uniform(w, c), weyl_hash(wp, cp), rank, world, m, s, WALK)
-            ub[U(jj)] = u
-            missed = np.uint32(missed + np.uint32(u < np.float32(0.0)))
-            w = U32(w + WEYL_STEP)
-            wp = U32(wp + WEYL_STEP)
-        j = end
-    if missed != 0:
-        redraw_walks(n, k0, k1, p0, p1, rank, world, gidx0, ub)
+    if EMODE == CORRELATED and (rand[7] & (rand[7] - 1)) == 0:
+        draw_loop(n, rand, gidx0, ub, True)
+    else:
+        draw_loop(n, rand, gidx0, ub, False)
 
 
 @_pass
