@@ -122,7 +122,8 @@ TG = TASK * GPB  # groups per task
 # Groups of fewer than 32 elements are decoded and normalised two at a time, in one loop of
 # twice the group size that picks each element's scale by a compare: LLVM vectorises a loop
 # 32 elements at a time (8 lanes, 4 interleaved), so a loop of 16 ran its scalar remainder
-# only. A block always holds an even number of such groups (both group sizes are powers of two).
+# only. Pairs are taken where a block holds an even number of groups (any hierarchical block:
+# both sizes are powers of two), so a pair never spans two blocks.
 PAIRS = GROUP < 32 and GPB % 2 == 0
 GSTEP = 2 if PAIRS else 1
 # Codes are packed PACK at a time into PACK * BITS / 8 whole bytes (LSB first); widths whose
