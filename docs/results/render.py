@@ -137,6 +137,29 @@ def _testbed(rows: list[dict]) -> list[str]:
     return out
 
 
+def _loopback(rows: list[dict]) -> list[str]:
+    """``dynamiq bench allreduce`` on loopback: a lone call's time, and per call of calls in a
+    row, each with its ratios to torch's FP32 all-reduce."""
+    out = ["Best time of a lone call (median in brackets), and per call of calls issued in a "
+           "row, each with its ratio to torch's FP32 all-reduce (best to best, median to "
+           "median; below 1: faster); bits per coordinate each rank sent (torch: a ring's); "
+           "the largest difference to torch's FP32 result.", "",
+           ".. list-table::", "   :header-rows: 1", "",
+           "   * - ranks\n     - MB\n     - method\n     - lone call ms\n     - /torch-fp32"
+           "\n     - in a row ms\n     - /torch-fp32\n     - bits\n     - max |diff|"]
+    for r in rows:
+        row = (f"{r['burst_seconds'] * 1e3:.2f}",
+               f"{r['burst_ratio']:.2f} ({r['burst_median_ratio']:.2f})") \
+            if r.get("burst_seconds") else ("", "")
+        out.append(f"   * - {r['world_size']}\n     - {r['size_mb']:g}\n     - {r['method']}\n"
+                   f"     - {r['seconds'] * 1e3:.2f} ({r['median_seconds'] * 1e3:.2f})\n"
+                   f"     - {r['ratio']:.2f} ({r['median_ratio']:.2f})\n"
+                   f"     - {row[0]}\n     - {row[1]}\n"
+                   f"     - {_span(r['bits_per_coord'], '.2f')}\n"
+                   f"     - {r['max_abs_diff']:.3g}")
+    return out
+
+
 def render(paths: list[str]) -> str:
     """All tables of the given JSON files, one titled block per (file, kind)."""
     lines: list[str] = []
@@ -151,6 +174,12 @@ def render(paths: list[str]) -> str:
             lines += [f".. _{stem}-testbed:", "",
                       f"**{stem}, {' and '.join(map(str, worlds))} ranks**", "",
                       *_testbed(rows), ""]
+            continue
+        if "median_ratio" in rows[0]:
+            worlds = sorted({r["world_size"] for r in rows})
+            lines += [f".. _{stem}-loopback:", "",
+                      f"**{stem}, {' and '.join(map(str, worlds))} ranks, loopback**", "",
+                      *_loopback(rows), ""]
             continue
         scale = "kind" not in rows[0]
         ref = None if scale else next((r["vnmse"] for r in rows if r["method"] == "mxfp8"), None)

@@ -6,7 +6,14 @@ float32 input: torch's all-reduce in FP32 and of the input cast to BF16, and eac
 pipeline. A time is the slowest rank's wall time of one call (ranks start together after a
 barrier); every method is called once to warm up, then the methods take turns for ``repeat``
 rounds (so a load that drifts during the run hits them alike); the best round counts, and the
-median is reported too (steadier than the best on a machine shared with other work). On
+median is reported too (steadier than the best on a machine shared with other work).
+
+A lone call pays for the ranks' skew after the barrier and for waking every thread on the
+way; a training step issues its buckets' all-reduces one after another, so that the next
+call's first messages overlap the last one's stragglers. With ``burst`` > 0 each round also
+times ``burst`` calls in a row per method (between one barrier and the last call's end, on
+the slowest rank) and reports the time per call: the steady-state cost of a stream of calls.
+On
 loopback the wire is memory, so the ratios mostly measure the executor's overhead and the
 codec's compute rather than the bandwidth a real network would save; the bits per coordinate
 are what each rank actually sent. For dynamiq pipelines the best call's
@@ -29,8 +36,8 @@ from dynamiq.bench.timeplot import check_plot_path, plot_times
 from dynamiq.collectives import api
 from dynamiq.collectives.launch import launch
 
-__all__ = ["DEFAULT_PIPELINES", "TORCH_METHODS", "AllReduceRow", "measure_world", "methods_of",
-           "numel_of", "rows_of", "run"]
+__all__ = ["BURST", "DEFAULT_PIPELINES", "TORCH_METHODS", "AllReduceRow", "measure_world",
+           "methods_of", "numel_of", "rows_of", "run"]
 
 #: The dynamiq pipelines compared by default (registered names).
 DEFAULT_PIPELINES = ("passthrough-fp32", "bf16", "mxfp8", "dynamiq")
@@ -40,6 +47,8 @@ TORCH_METHODS = ("torch-fp32", "torch-bf16")
 #: Seconds one tensor size may take in a world, per method (first calls compile kernels), on
 #: loopback; a slow link adds its wire time.
 SECONDS_PER_CASE = 300
+#: Calls in a row timed per round by default (see the module).
+BURST = 8
 
 
 @dataclass
@@ -61,6 +70,11 @@ class AllReduceRow:
         bits_per_coord: Per rank, bits sent per coordinate (torch: what a ring all-reduce of
             its payload sends, ``2(n-1)/n`` times its width).
         max_abs_diff: Largest ``|result - torch FP32 result|`` on rank 0.
+        burst_seconds: Best over the rounds of the time per call of ``burst`` calls in a row
+            (0 when not measured).
+        burst_ratio: ``burst_seconds`` over torch FP32's.
+        burst_median_ratio: The median over the rounds of that time per call, over torch
+            FP32's median.
     """
 
     world_size: int
@@ -78,6 +92,9 @@ class AllReduceRow:
     metadata_seconds: float = 0.0
     bits_per_coord: list[float] = field(default_factory=list)
     max_abs_diff: float = 0.0
+    burst_seconds: float = 0.0
+    burst_ratio: float = 0.0
+    burst_median_ratio: float = 0.0
 
 
 def _slowest(seconds: float) -> float:
@@ -87,8 +104,9 @@ def _slowest(seconds: float) -> float:
 
 
 def _case(rank: int, numel: int, methods: Sequence[str], repeat: int,
-          link: bool = False) -> dict[str, dict]:
-    """Every method on one input: best time, the best call's stats, the result's deviation.
+          link: bool = False, burst: int = 0) -> dict[str, dict]:
+    """Every method on one input: best time, the best call's stats, the result's deviation,
+    and with ``burst`` > 0 the time per call of ``burst`` calls in a row (see the module).
 
     With ``link`` (inside a testbed rank) also this rank's link counters around every timed
     call: ``veth_tx_bytes`` is their mean over the calls, next to dynamiq's ``bytes_sent`` and
@@ -104,22 +122,36 @@ def _case(rank: int, numel: int, methods: Sequence[str], repeat: int,
     if link:
         from dynamiq.testbed.counters import interface_counters
 
+    def reduce(m: str, t: torch.Tensor) -> None:
+        if m in TORCH_METHODS:
+            dist.all_reduce(t)
+        else:
+            api.all_reduce(t, m, stats=stats[m])
+
     def call(m: str) -> float:
         t = bufs[m]
         t.copy_(x)
         dist.barrier()
         before = interface_counters().tx_bytes if link else 0
         c0, t0 = time.process_time(), time.perf_counter()
-        if m in TORCH_METHODS:
-            dist.all_reduce(t)
-        else:
-            api.all_reduce(t, m, stats=stats[m])
+        reduce(m, t)
         seconds = time.perf_counter() - t0
         cpu[m] += time.process_time() - c0
         slowest = _slowest(seconds)
         if link:  # every rank is done: what this rank sent has crossed its link
             tx[m] += interface_counters().tx_bytes - before
         return slowest
+
+    def in_a_row(m: str) -> float:
+        # each call sums the last one's result again: the values grow by the world size per
+        # call, far from float32's range for the few calls of a burst
+        t = bufs[m]
+        t.copy_(x)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            reduce(m, t)
+        return _slowest(time.perf_counter() - t0) / burst
 
     best: dict[str, dict] = {m: {"seconds": float("inf")} for m in methods}
     rounds: dict[str, list[float]] = {m: [] for m in methods}
@@ -149,14 +181,23 @@ def _case(rank: int, numel: int, methods: Sequence[str], repeat: int,
         best[m]["cpu_seconds"] = cpu[m] / repeat
         if link:
             best[m]["veth_tx_bytes"] = tx[m] / repeat
+    if burst:  # after the deviations above: the bursts overwrite the results
+        per_call: dict[str, list[float]] = {m: [] for m in methods}
+        for _ in range(repeat):
+            for m in methods:
+                per_call[m].append(in_a_row(m))
+        for m in methods:
+            best[m]["burst_seconds"] = min(per_call[m])
+            best[m]["burst_median_seconds"] = statistics.median(per_call[m])
     return best
 
 
 def measure_world(rank: int, n: int, sizes_mb: tuple[float, ...], methods: tuple[str, ...],
-            repeat: int, link: bool = False) -> list[dict]:
+                  repeat: int, link: bool = False, burst: int = 0) -> list[dict]:
     """One rank's measurements, one per tensor size (run in a launched process or a testbed
-    rank; ``link``: read the rank's link counters, see :func:`_case`)."""
-    return [_case(rank, numel_of(mb), methods, repeat, link) for mb in sizes_mb]
+    rank; ``link``: read the rank's link counters; ``burst``: also time that many calls in a
+    row; see :func:`_case`)."""
+    return [_case(rank, numel_of(mb), methods, repeat, link, burst) for mb in sizes_mb]
 
 
 def methods_of(pipelines: Sequence[str], repeat: int) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -188,6 +229,13 @@ def rows_of(n: int, sizes_mb: Sequence[float], methods: Sequence[str], specs: di
         base = got[0]["torch-fp32"]
         for m in methods:
             r0 = got[0][m]
+            burst = {}
+            if "burst_seconds" in r0:
+                burst = dict(
+                    burst_seconds=r0["burst_seconds"],
+                    burst_ratio=r0["burst_seconds"] / base["burst_seconds"],
+                    burst_median_ratio=(r0["burst_median_seconds"]
+                                        / base["burst_median_seconds"]))
             rows.append(AllReduceRow(
                 world_size=n, size_mb=mb, numel=numel_of(mb), method=m,
                 pipeline=specs.get(m, ""), seconds=r0["seconds"],
@@ -199,29 +247,38 @@ def rows_of(n: int, sizes_mb: Sequence[float], methods: Sequence[str], specs: di
                 wait_seconds=r0.get("wait_seconds", 0.0),
                 metadata_seconds=r0.get("metadata_seconds", 0.0),
                 bits_per_coord=[g[m]["bits_per_coord"] for g in got],
-                max_abs_diff=r0["max_abs_diff"]))
+                max_abs_diff=r0["max_abs_diff"], **burst))
         log(f"  {mb:g} MB: " + ", ".join(f"{m} {got[0][m]['seconds'] * 1e3:.2f} ms"
                                          for m in methods))
     return rows
 
 
-def _tables(rows: list[AllReduceRow], methods: Sequence[str], out: Callable[[str], None]
-            ) -> None:
-    cases = sorted({(r.world_size, r.size_mb) for r in rows})
-    by = {(r.world_size, r.size_mb, r.method): r for r in rows}
-    width = max(23, *(len(m) for m in methods))
-    out("\ntime per call: best ms (ratio to torch-fp32's best | median over rounds to its "
-        "median)")
+def _time_table(title: str, cases: list, by: dict, methods: Sequence[str], width: int,
+                cell: Callable[[AllReduceRow], tuple[float, float, float]],
+                out: Callable[[str], None]) -> None:
+    out(f"\n{title}: best ms (ratio to torch-fp32's best | median over rounds to its median)")
     head = f"{'world':>5} {'MB':>6} " + " ".join(f"{m:>{width}}" for m in methods)
     out(head)
     out("-" * len(head))
     for n, mb in cases:
         cells = []
         for m in methods:
-            r = by[(n, mb, m)]
-            cell = f"{r.seconds * 1e3:.2f} ({r.ratio:.2f}x | {r.median_ratio:.2f}x)"
-            cells.append(f"{cell:>{width}}")
+            seconds, ratio, median = cell(by[(n, mb, m)])
+            text = f"{seconds * 1e3:.2f} ({ratio:.2f}x | {median:.2f}x)"
+            cells.append(f"{text:>{width}}")
         out(f"{n:>5} {mb:>6g} " + " ".join(cells))
+
+
+def _tables(rows: list[AllReduceRow], methods: Sequence[str], out: Callable[[str], None],
+            burst: int = 0) -> None:
+    cases = sorted({(r.world_size, r.size_mb) for r in rows})
+    by = {(r.world_size, r.size_mb, r.method): r for r in rows}
+    width = max(23, *(len(m) for m in methods))
+    _time_table("time per call", cases, by, methods, width,
+                lambda r: (r.seconds, r.ratio, r.median_ratio), out)
+    if burst:
+        _time_table(f"time per call, {burst} calls in a row", cases, by, methods, width,
+                    lambda r: (r.burst_seconds, r.burst_ratio, r.burst_median_ratio), out)
     pipes = [m for m in methods if m not in TORCH_METHODS]
     if not pipes:
         return
@@ -250,6 +307,7 @@ def run(
     pipelines: Sequence[str] = DEFAULT_PIPELINES,
     repeat: int = 3,
     *,
+    burst: int = BURST,
     json_path: str | None = None,
     plot_path: str | None = None,
     out: Callable[[str], None] = print,
@@ -262,6 +320,7 @@ def run(
         sizes_mb: float32 tensor sizes in MB (2**20 bytes).
         pipelines: Registered pipeline names or spec strings of ``dynamiq.all_reduce``.
         repeat: Timed rounds after one warm-up; the best time of each method is kept.
+        burst: Per round, also time this many calls in a row (0: not).
         json_path: Also write the rows to this JSON file.
         plot_path: Also plot time against size here, one panel per world size (``.svg`` or
             ``.png``; needs matplotlib).
@@ -275,6 +334,8 @@ def run(
     if log is None:
         log = stderr_log
     methods, specs = methods_of(pipelines, repeat)
+    if burst < 0:
+        raise ValueError("burst must be >= 0")
     if plot_path:
         check_plot_path(plot_path)
     cores = os.cpu_count() or 1
@@ -283,13 +344,13 @@ def run(
     for n in world_sizes:
         threads = max(1, cores // n)
         log(f"world size {n}: spawning {n} processes ({threads} thread(s) each)")
-        per_rank = launch(measure_world, n, (tuple(sizes_mb), methods, repeat),
+        per_rank = launch(measure_world, n, (tuple(sizes_mb), methods, repeat, False, burst),
                           timeout=SECONDS_PER_CASE * len(sizes_mb) * len(methods),
                           group_timeout=600,
                           # read by numba when a process imports it
                           env={"NUMBA_NUM_THREADS": str(threads)}, num_threads=threads)
         rows += rows_of(n, sizes_mb, methods, specs, per_rank, log)
-    _tables(rows, methods, out)
+    _tables(rows, methods, out, burst)
     if json_path:
         write_rows(rows, json_path, log)
     if plot_path:

@@ -35,6 +35,9 @@ def add_allreduce_parser(subparsers) -> argparse.ArgumentParser:
     ba.add_argument("--repeat", type=int,
                     help="timed rounds after a warm-up; the best counts (default 3; with "
                          "--testbed 2)")
+    ba.add_argument("--burst", type=int,
+                    help="per round, also time this many calls in a row and report the time "
+                         f"per call (loopback only; default {allreduce.BURST}, 0: not)")
     ba.add_argument("--testbed", action="store_true",
                     help="run every world across a network testbed, ranks in network "
                          "namespaces over tc-shaped links (needs root and iproute2), and "
@@ -80,6 +83,11 @@ def run_allreduce_command(args: argparse.Namespace) -> int:
             check_plot_path(args.plot)
         if not testbed and args.rate is not None:
             raise ValueError("--rate needs --testbed (loopback has no link rate)")
+        if testbed and args.burst is not None:
+            raise ValueError("--burst is measured on loopback only")
+        burst = allreduce.BURST if args.burst is None else args.burst
+        if burst < 0:
+            raise ValueError("burst must be >= 0")
         rates = listed(args.rate, ("100mbit", "1gbit"))
         if testbed:
             for rate in rates:
@@ -89,7 +97,8 @@ def run_allreduce_command(args: argparse.Namespace) -> int:
         return 2
     if not testbed:
         allreduce.run(world_sizes=world_sizes, sizes_mb=sizes_mb, pipelines=pipelines,
-                      repeat=repeat, json_path=args.json, plot_path=args.plot)
+                      repeat=repeat, burst=burst, json_path=args.json,
+                      plot_path=args.plot)
         return 0
     try:
         tb.run_testbed(rates=rates, world_sizes=world_sizes, sizes_mb=sizes_mb,

@@ -20,7 +20,8 @@ needs_root = pytest.mark.skipif(REASON is not None, reason=f"testbed unavailable
 def test_methods_side_by_side_with_time_split(tmp_path, capsys):
     path = tmp_path / "allreduce.json"
     code = main(["bench", "allreduce", "--world-sizes", "2", "--sizes-mb", "0.01",
-                 "--pipelines", "passthrough-fp32,bf16", "--repeat", "1", "--json", str(path),
+                 "--pipelines", "passthrough-fp32,bf16", "--repeat", "1", "--burst", "2",
+                 "--json", str(path),
                  "--plot", str(tmp_path / "allreduce.svg")])
     assert code == 0
     assert "loopback, 2 ranks" in (tmp_path / "allreduce.svg").read_text()
@@ -35,6 +36,10 @@ def test_methods_side_by_side_with_time_split(tmp_path, capsys):
         assert 0 < r["seconds"] <= r["median_seconds"]
         assert r["ratio"] == r["seconds"] / base["seconds"]
         assert r["median_ratio"] == r["median_seconds"] / base["median_seconds"]
+        # one round of two calls in a row: its time per call is the best and the median
+        assert r["burst_seconds"] > 0
+        assert r["burst_ratio"] == r["burst_median_ratio"] == (r["burst_seconds"]
+                                                               / base["burst_seconds"])
     assert by["passthrough-fp32"]["bits_per_coord"] == [32.0, 32.0]
     assert by["torch-fp32"]["bits_per_coord"] == [32.0, 32.0]  # a ring's, on 2 ranks
     assert by["torch-bf16"]["bits_per_coord"] == [16.0, 16.0]
@@ -49,6 +54,7 @@ def test_methods_side_by_side_with_time_split(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ratio to torch-fp32" in out and "codec / wire / wait / metadata" in out
     assert "other" in out
+    assert "time per call, 2 calls in a row" in out
     assert all(m in out for m in methods)
 
 
@@ -78,6 +84,8 @@ def test_testbed_defaults_name_registered_pipelines():
     (["--testbed", "--repeat", "0"], "repeat must be >= 1"),
     (["--testbed", "--sizes", "0"], "tensor sizes must be positive"),
     (["--world-sizes", "2,x"], "invalid literal"),
+    (["--burst", "-1"], "burst must be >= 0"),
+    (["--testbed", "--burst", "2"], "--burst is measured on loopback only"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
     assert main(["bench", "allreduce", *argv]) == 2
