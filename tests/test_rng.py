@@ -12,7 +12,9 @@ from dynamiq import rng
 from dynamiq.kernels.numba import rng as nrng
 
 
-@nb.njit(cache=True)
+# not cache=True: Numba's cache of a test file would not see a change to the kernel modules
+# it calls (dynamiq.kernels.numba.stamps covers the package's own files only)
+@nb.njit
 def _numba_hash(k0, k1, idx):
     out = np.empty(idx.size, np.uint32)
     for i in range(idx.size):
@@ -20,7 +22,7 @@ def _numba_hash(k0, k1, idx):
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit
 def _numba_uniform(k0, k1, idx):
     out = np.empty(idx.size, np.float32)
     for i in range(idx.size):

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.usefixtures("one_numba_thread")
 WORD = st.integers(0, (1 << 64) - 1)
 
 
-@nb.njit(cache=True)
+# not cache=True: Numba's cache of a test file would not see a change to the kernel modules
+# it calls (dynamiq.kernels.numba.stamps covers the package's own files only)
+@nb.njit
 def _both(a, mask):
     return pext64(a, mask), pdep64(a, mask)
 

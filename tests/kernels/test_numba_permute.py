@@ -24,14 +24,16 @@ pytestmark = pytest.mark.skipif(not HAS_AVX2, reason="the host has no AVX2")
 LEVELS = st.lists(st.floats(width=32, allow_nan=False), min_size=16, max_size=16)
 
 
-@nb.njit(cache=True)
+# not cache=True: Numba's cache of a test file would not see a change to the kernel modules
+# it calls (dynamiq.kernels.numba.stamps covers the package's own files only)
+@nb.njit
 def _permuted(cb, n, mask, lv):
     lb = np.full(cb.size + 8, np.float32(-7.0))
     permute_levels(cb, lb, n, mask, lv)
     return lb
 
 
-@nb.njit(cache=True)
+@nb.njit
 def _tree(cb, n, mask, lv):
     lb = np.full(cb.size + 8, np.float32(-7.0))
     for j in range(n):

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from dynamiq.kernels.abi import BlockCode, BlockKeys, KernelSpec, RandKeys, Writeback
+from dynamiq.kernels.numba.stamps import source_digest
 from dynamiq.kernels.numba.tasks import run_tasks
 
 __all__ = ["SERIAL_BELOW", "block_decode", "block_encode", "block_recompress",
@@ -97,14 +98,13 @@ def kernels(spec: KernelSpec) -> ModuleType:
     if mod is not None:
         return mod
     src = _source(spec)
-    # the generated module inlines functions of these modules: Numba's cache only watches the
-    # generated file, so their source is part of its name
-    from dynamiq.kernels.numba import elements, levels, packing, permute, rng
+    # the generated module inlines functions of the kernel modules: Numba's cache only watches
+    # the generated file, so their source (all of it, as for their own cached functions: see
+    # stamps) is part of its name, with the instructions it may use (the portable paths
+    # compile to other code, same bits)
+    from dynamiq.kernels.numba import packing, permute
 
-    deps = "".join(Path(m.__file__).read_text()
-                   for m in (elements, levels, packing, permute, rng))
-    # the instructions it may use (the portable paths compile to other code, same bits)
-    deps += f"bmi2={packing.HAS_BMI2} avx2={permute.HAS_AVX2}"
+    deps = f"{source_digest()} bmi2={packing.HAS_BMI2} avx2={permute.HAS_AVX2}"
     digest = hashlib.sha1((src + deps).encode()).hexdigest()[:10]
     name = f"dq_{spec.tag()}_{digest}"
     path = kernel_cache_dir() / f"{name}.py"

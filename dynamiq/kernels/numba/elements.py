@@ -27,6 +27,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import FLT_MAX, KIND_FP32, KIND_TABLE, Rounding
 from dynamiq.kernels.numba.levels import (
     NEAREST,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import MAX_HADAMARD_BLOCK, MIN_HADAMARD_BLOCK
 from dynamiq.kernels.numba.rng import hash_u32
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import Rounding
 
 __all__ = [

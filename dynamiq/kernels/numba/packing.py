@@ -17,6 +17,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.numba.host import host_has
 
 __all__ = ["HAS_BMI2", "flush_codes", "pdep64", "pext64", "put_code", "take_code"]

@@ -21,6 +21,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.numba.host import host_has
 from dynamiq.kernels.numba.levels import select_tree
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.rng import GOLDEN
 
 _HI_MUL = np.uint32(0x85EBCA77)

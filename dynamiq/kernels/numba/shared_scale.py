@@ -17,6 +17,7 @@ import numba as nb
 import numpy as np
 import torch
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import SharedScaleCode, Writeback
 from dynamiq.kernels.numba.levels import lut_finish, lut_key
 from dynamiq.kernels.numba.packing import flush_codes, put_code, take_code

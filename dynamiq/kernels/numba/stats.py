@@ -20,6 +20,7 @@ import numba as nb
 import numpy as np
 import torch
 
+import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import STAT_OPS
 from dynamiq.kernels.numba.elements import absmax
 
