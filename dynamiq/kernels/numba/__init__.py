@@ -8,9 +8,10 @@
 * :mod:`~dynamiq.kernels.numba.shared_scale`, :mod:`~dynamiq.kernels.numba.intsum` — the
   shared-scale and integer-sum codes;
 * :mod:`~dynamiq.kernels.numba.hadamard` — the blocked randomized Hadamard transform;
-* :mod:`~dynamiq.kernels.numba.stats` — the metadata phase's block statistics.
+* :mod:`~dynamiq.kernels.numba.stats` — the metadata phase's block statistics;
+* :mod:`~dynamiq.kernels.numba.wire` — BF16 wire values in one pass.
 
-Wire values and row permutations are torch operations
+FP32 wire values, selections of blocks and row permutations are torch operations
 (:class:`~dynamiq.kernels.backend.Backend`'s own). Submodules (and Numba) are imported on
 first use, so discovering the backend costs nothing.
 """
@@ -71,6 +72,25 @@ class NumbaBackend(Backend):
     def block_recompress(self, code, data, acc, rand, irand, writeback, out, rows=None,
                          n=None):
         _mod("blocks").block_recompress(code, data, acc, rand, irand, writeback, out, rows, n)
+
+    # BF16 wire values of whole chunks by the one-pass kernels of ``wire``; FP32 (already one
+    # torch pass each) and selections of blocks by torch, as every backend
+    def wire_encode(self, x, wire, out, select=None):
+        if wire != "bf16" or select is not None:
+            return super().wire_encode(x, wire, out, select)
+        _mod("wire").encode(x, self._view(out, x.numel(), wire, "out"))
+
+    def wire_decode(self, data, wire, out, accumulate, select=None):
+        if wire != "bf16" or select is not None:
+            return super().wire_decode(data, wire, out, accumulate, select)
+        _mod("wire").decode(self._view(data, out.numel(), wire, "message"), out, accumulate)
+
+    def wire_recompress(self, data, acc, wire, writeback, out, select=None):
+        if wire != "bf16" or select is not None:
+            return super().wire_recompress(data, acc, wire, writeback, out, select)
+        n = acc.numel()
+        _mod("wire").recompress(self._view(data, n, wire, "message"), acc,
+                                self._view(out, n, wire, "out"), writeback)
 
     def shared_encode(self, code, x, scales, block, out):
         _mod("shared_scale").encode(code, x, scales, block, out)

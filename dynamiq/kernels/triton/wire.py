@@ -4,10 +4,10 @@ operations of :class:`dynamiq.kernels.backend.Backend`."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from dynamiq.kernels.abi import Writeback
+from dynamiq.kernels.nan16 import nan_pattern
 from dynamiq.kernels.triton.common import (
     check_device,
     check_tensor,
@@ -26,43 +26,10 @@ __all__ = ["bf16_nan_pattern", "block_positions", "gather_rows", "nan_pattern", 
 ROWS = 4
 ROWS_INTERPRETED = 64
 
-_nan16: dict[tuple[str, str], int] = {}
-
-
 # ---- wire values --------------------------------------------------------------------------------
 _WIRES = {"fp32": (torch.float32, 4), "bf16": (torch.int16, 2), "fp16": (torch.int16, 2)}
 #: The kernels' ``FMT`` of every wire format.
 _FMT = {"fp32": 0, "bf16": 1, "fp16": 2}
-
-
-def _keep_rule(bits: np.ndarray, wire: str) -> np.ndarray:
-    """The 16 bits a NaN keeps under "payload kept, quietened" for ``wire``."""
-    if wire == "bf16":
-        return ((bits >> 16) | 0x40).astype(np.int64)
-    return (((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)).astype(np.int64)
-
-
-def nan_pattern(device: torch.device, wire: str) -> int:
-    """The 16 bits torch writes for a float32 NaN converted to ``wire`` (``"bf16"`` or
-    ``"fp16"``) on ``device``: a constant, or ``-1`` when it keeps the NaN's sign and top
-    payload bits (quietened). Probed once per device type and format."""
-    key = (str(torch.device(device).type), wire)
-    hit = _nan16.get(key)
-    if hit is None:
-        bits = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFBFFFFF, 0x7FFFFFFF,
-                         0x7FA50000, 0xFFD40000, 0x7F81FFFF] * 4, dtype=np.uint32)
-        x = torch.from_numpy(bits.view(np.float32)).to(device)
-        dtype = torch.bfloat16 if wire == "bf16" else torch.float16
-        got = x.to(dtype).view(torch.int16).cpu().numpy().astype(np.int64) & 0xFFFF
-        if (got == got[0]).all():
-            hit = int(got[0])
-        elif (got == _keep_rule(bits, wire)).all():
-            hit = -1
-        else:
-            raise RuntimeError(f"torch's float32 -> {wire} NaN conversion on {device} follows "
-                               f"no known rule: {[hex(v) for v in got]}")
-        _nan16[key] = hit
-    return hit
 
 
 def bf16_nan_pattern(device: torch.device) -> int:
