@@ -4,8 +4,9 @@ The kernels code a vector in passes of ``TASK`` coordinates, each pass packing i
 its own where the width allows it (8- and 4-bit codes) and through the bit stream otherwise,
 so the lengths here span several passes and end in a partial one, with odd counts for the
 4-bit codes. Scales that are not powers of two (NVFP4's relative E4M3 scales) exercise the
-bracket's settling on the decoded levels; zeros, signed zeros, saturating values and
-non-finite values and scales exercise the rest of the coding.
+bracket's settling on the decoded levels; power-of-two scales at the far ends of their range
+exercise the switch between the arithmetic search and the table's; zeros, signed zeros,
+saturating values and non-finite values and scales exercise the rest of the coding.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def _case(code, n: int, block: int, pow2: bool, seed: int) -> tuple[torch.Tensor
     x[4::613] = float("-inf")
     s[5 % nblocks] = float("nan")
     s[7 % nblocks] = 1e-30  # everything saturates or rounds to zero at the far ends
+    if pow2:
+        # both sides of the range of exact power-of-two scales (levels * scale normal and
+        # finite), where the kernels switch between the arithmetic and the table search
+        for j, e in ((9, -127), (11, -117), (13, -116), (15, 117), (17, 118), (19, 127)):
+            s[j % nblocks] = 2.0**e
+            x[(j % nblocks) * block:((j % nblocks) + 1) * block] *= 2.0**e
     return x, s.float()
 
 

@@ -274,17 +274,35 @@ def float_nearest(a, mant, bias):
     level), and the index is the rounded pattern shifted, less the exponent offset. In the
     subnormal range it is ``rint`` of the value in units of the grid's smallest step. Both are
     exact, so this is the bracket's nearest rounding in a third of the operations.
+
+    Equivalent to ``float_nearest_with(a, *float_nearest_consts(mant, bias))``.
     """
-    bits = np.float32(a).view(np.uint32)
+    drop, flip, half, offset, scale, top, normal_ex = float_nearest_consts(mant, bias)
+    return float_nearest_with(a, drop, flip, half, offset, scale, top, normal_ex)
+
+
+@nb.njit(inline="always", cache=True)
+def float_nearest_consts(mant, bias):
+    """The constants of :func:`float_nearest` on the grid of ``mant`` mantissa bits and exponent
+    ``bias``: computed once before a loop when the grid is a runtime value (literals fold)."""
     drop = 23 - mant
     # the index's parity is the pattern's bit `drop`, and also the exponent offset's parity
     # when the grid has no mantissa bits
     flip = (127 - bias) & 1 if mant == 0 else 0
-    odd = np.uint32(np.uint32(np.uint32(bits >> np.uint32(drop)) & np.uint32(1)) ^ np.uint32(flip))
-    r = np.uint32(np.uint32(bits + np.uint32((1 << (drop - 1)) - 1)) + odd)
-    lo_n = np.uint32(np.uint32(r >> np.uint32(drop)) - np.uint32((127 - bias) << mant))
-    q = np.uint32(np.rint(min(a * np.float32(2.0 ** (bias - 1 + mant)), np.float32(1 << mant))))
-    normal = np.uint32(bits >> np.uint32(23)) >= np.uint32(128 - bias)
+    return (np.uint32(drop), np.uint32(flip), np.uint32((1 << (drop - 1)) - 1),
+            np.uint32((127 - bias) << mant), np.float32(2.0 ** (bias - 1 + mant)),
+            np.float32(1 << mant), np.uint32(128 - bias))
+
+
+@nb.njit(inline="always", cache=True)
+def float_nearest_with(a, drop, flip, half, offset, scale, top, normal_ex):
+    """:func:`float_nearest` of ``a >= 0`` given :func:`float_nearest_consts`."""
+    bits = np.float32(a).view(np.uint32)
+    odd = np.uint32(np.uint32(np.uint32(bits >> drop) & np.uint32(1)) ^ flip)
+    r = np.uint32(np.uint32(bits + half) + odd)
+    lo_n = np.uint32(np.uint32(r >> drop) - offset)
+    q = np.uint32(np.rint(min(a * scale, top)))
+    normal = np.uint32(bits >> np.uint32(23)) >= normal_ex
     return lo_n if normal else q
 
 
