@@ -258,10 +258,12 @@ class SharedScale(DecodeHops, PartialSumCodec):
         hits = 0
         if whole:
             v = r[: whole * self.block].view(whole, self.block)
-            # two reductions find the blocks that reach their saturation value (or hold a NaN,
-            # which hides the maximum): only those are compared element by element, so the
-            # count costs two reads of the result instead of a copy, a padding and a compare
-            top = torch.maximum(v.amax(1), -v.amin(1))
+            # the block maxima find the blocks that reach their saturation value (or hold a
+            # NaN, which hides the maximum): only those are compared element by element, so
+            # the count costs one read of the result (the backend's statistics kernel)
+            # instead of a copy, a padding and a compare
+            top = backend_for("auto", v).block_statistics(
+                v.reshape(-1), [("absmax", self.block)])[("absmax", self.block)]
             cand = torch.nonzero((top >= sat[:whole]) | torch.isnan(top)).flatten()
             if cand.numel():
                 hits += int((v[cand].abs() == sat[cand, None]).sum())
