@@ -46,18 +46,20 @@ def test_bench_codec_reports_ratios(tmp_path, capsys):
     assert main(["bench", "kernels", "--n", "65536", "--quantizers", "mxfp8,dq4_hier",
                  "--repeat", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["copy_gbps"] > 0 and len(res["rows"]) == 3
+    assert res["copy_gbps"] > 0 and len(res["rows"]) == 5
     # the CPU the timings were taken on: LLVM's name for it and its vector instructions
     assert res["cpu"] and res["cpu"].endswith(")") and " (" in res["cpu"]
-    assert [r["name"] for r in res["rows"]] == ["mxfp8", "dq4_hier", "dynamiq hop"]
+    assert [r["name"] for r in res["rows"]] == ["mxfp8", "dq4_hier", "bf16 hop", "mxfp8 hop",
+                                                "dynamiq hop"]
     for r in res["rows"]:
-        ops = ("recompress",) if r["name"] == "dynamiq hop" else ("encode", "decode", "recompress")
-        for k in ops:
+        for k in ("encode", "decode", "recompress"):
             assert r[f"{k}_gbps"] > 0
             assert r[f"{k}_vs_copy"] == pytest.approx(r[f"{k}_gbps"] / res["copy_gbps"])
             assert r[f"{k}_mcoords_per_core"] == pytest.approx(
                 r["n"] / r[f"{k}_s"] / res["threads"] / 1e6)
-    # the hop's message is DynamiQ's budget (5 bits, metadata apart) on the wire
+    # the hops' messages: BF16, MXFP8's 8-bit elements (scales travel as metadata) and
+    # DynamiQ's budget (5 bits, metadata apart)
+    assert [r["bits_per_coord"] for r in res["rows"][2:4]] == [16.0, 8.0]
     assert 3.0 < res["rows"][-1]["bits_per_coord"] < 6.0
     assert "memory copy" in capsys.readouterr().out
 

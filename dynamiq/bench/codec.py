@@ -1,11 +1,13 @@
 """``dynamiq bench kernels``: Numba hop throughput against the memory copy of the same run.
 
 Rows: every requested block quantizer's encode, decode and fused
-decompress-accumulate-recompress, and the default DynamiQ pipeline's whole hop
-(``decompress_accumulate_recompress`` of one ring chunk, with the codec's width plan for the
-vector, as an internal rank of a ring runs it). Throughput counts the bytes an operation must
-read and write, the same accounting as the memory copy it is compared with (a
-``torch.Tensor.copy_`` of the float32 tensor, read + write, on the same threads).
+decompress-accumulate-recompress, then the codec of each of :data:`HOP_PIPELINES` (the BF16
+and MXFP8 baselines and the default DynamiQ pipeline) on one ring chunk, as a rank of a ring
+runs it: ``compress``, ``decompress`` and the whole hop ``decompress_accumulate_recompress``,
+with the codec's plan for the vector (MXFP8's block scales, DynamiQ's widths). Throughput
+counts the bytes an operation must read and write, the same accounting as the memory copy it
+is compared with (a ``torch.Tensor.copy_`` of the float32 tensor, read + write, on the same
+threads).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import torch
 from dynamiq.bench.timing import best_time, copy_bandwidth, host_cpu
 from dynamiq.quantizers import get_quantizer
 
-__all__ = ["DEFAULT_QUANTIZERS", "HOP_PIPELINE", "run"]
+__all__ = ["DEFAULT_QUANTIZERS", "HOP_PIPELINES", "run"]
 
 DEFAULT_QUANTIZERS = ("mxfp8", "int8_sr", "dq8_hier", "mxfp4", "int4_sr", "dq4_hier")
-#: The pipeline whose whole hop is measured (the registered default DynamiQ, 5 bits).
-HOP_PIPELINE = "dynamiq"
+#: The pipelines whose codecs are measured on a ring chunk (registered names; ``dynamiq`` is the
+#: default DynamiQ, 5 bits).
+HOP_PIPELINES = ("bf16", "mxfp8", "dynamiq")
 _OPS = ("encode", "decode", "recompress")
 
 
@@ -55,8 +58,9 @@ def _quantizer_row(name: str, x: torch.Tensor, copy: float, threads: int, repeat
     return _row(name, q.bits_per_coord(n), n, copy, threads, times, nbytes)
 
 
-def _dynamiq_hop_row(n: int, copy: float, threads: int, repeat: int) -> dict:
-    """The default DynamiQ pipeline's hop on chunk 0 of a two-rank ring over ``n`` coordinates."""
+def _pipeline_row(name: str, n: int, copy: float, threads: int, repeat: int) -> dict:
+    """Pipeline ``name``'s codec on chunk 0 of a two-rank ring over ``n`` coordinates: rank 1's
+    leaf message coded, decoded, and taken in by rank 0's hop."""
     from dynamiq.collectives.engine import (
         Plan,
         apply_transforms,
@@ -66,7 +70,7 @@ def _dynamiq_hop_row(n: int, copy: float, threads: int, repeat: int) -> dict:
     from dynamiq.metadata import combine
     from dynamiq.pipeline import get_pipeline
 
-    p = get_pipeline(HOP_PIPELINE)
+    p = get_pipeline(name)
     gen = torch.Generator().manual_seed(0)
     ys = [apply_transforms(p, torch.randn(n, generator=gen), 0)[0] for _ in range(2)]
     states: dict = {}
@@ -77,17 +81,26 @@ def _dynamiq_hop_row(n: int, copy: float, threads: int, repeat: int) -> dict:
     a, b = plan.bounds[0]
     m = b - a
     codec = plan.outgoing_codec(1, 0)
-    data = codec.compress(ys[1][a:b], plan.context(1, 0))
-    ctx = dataclasses.replace(plan.context(0, 0), source=plan.context(1, 0))
+    src = plan.context(1, 0)
+    leaf = ys[1][a:b]
+    data = codec.compress(leaf, src)
+    ctx = dataclasses.replace(plan.context(0, 0), source=src)
     acc = ys[0][a:b].clone()
+    decoded = torch.empty(m)
     # rank 0 receives rank 1's leaf message and sends its own partial sum, coded under its own
     # hop's plan (per-hop widths: the two messages may differ in size)
     out = torch.empty(codec.wire_bytes(m, plan.context(0, 0)), dtype=torch.uint8)
-    t = best_time(lambda: codec.decompress_accumulate_recompress(data, acc, ctx, out=out,
-                                                                 writeback="none"), repeat)
+    coded = torch.empty_like(data)
+    times = {
+        "encode": best_time(lambda: codec.compress(leaf, src, out=coded), repeat),
+        "decode": best_time(lambda: codec.decompress(data, decoded, ctx), repeat),
+        "recompress": best_time(lambda: codec.decompress_accumulate_recompress(
+            data, acc, ctx, out=out, writeback="none"), repeat),
+    }
     pb = (data.numel() + out.numel()) / 2
-    return _row(f"{HOP_PIPELINE} hop", 8.0 * pb / m, m, copy, threads, {"recompress": t},
-                {"recompress": 2 * pb + 4 * m})
+    nbytes = {"encode": 4 * m + data.numel(), "decode": 4 * m + data.numel(),
+              "recompress": 2 * pb + 4 * m}
+    return _row(f"{name} hop", 8.0 * pb / m, m, copy, threads, times, nbytes)
 
 
 def _fmt(row: dict, op: str) -> str:
@@ -110,7 +123,7 @@ def run(
         n: Coordinates per tensor (float32).
         quantizers: Registered quantizer names.
         repeat: Timed repetitions (the best is kept) after one warm-up (which compiles).
-        hop: Also measure the default DynamiQ pipeline's whole hop.
+        hop: Also measure the codecs of :data:`HOP_PIPELINES` on a ring chunk.
         log: Where progress lines and the table go.
 
     Returns:
@@ -131,9 +144,9 @@ def run(
     for name in quantizers:
         log(f"  {name}: compiling / warming up ...")
         rows.append(_quantizer_row(name, x, copy, threads, repeat))
-    if hop:
-        log(f"  {HOP_PIPELINE} hop: compiling / warming up ...")
-        rows.append(_dynamiq_hop_row(n, copy, threads, repeat))
+    for name in HOP_PIPELINES if hop else ():
+        log(f"  {name} hop: compiling / warming up ...")
+        rows.append(_pipeline_row(name, n, copy, threads, repeat))
     log("")
     head = f"{'':<14} {'':>6}" + "".join(f" {op:^23}" for op in _OPS)
     log(head)
