@@ -46,6 +46,7 @@ def test_bench_codec_reports_ratios(tmp_path, capsys):
     assert main(["bench", "kernels", "--n", "65536", "--quantizers", "mxfp8,dq4_hier",
                  "--repeat", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
+    assert res["copy_gbps_range"][0] <= res["copy_gbps"] <= res["copy_gbps_range"][1]
     assert res["copy_gbps"] > 0 and len(res["rows"]) == 5
     # the CPU the timings were taken on: LLVM's name for it and its vector instructions
     assert res["cpu"] and res["cpu"].endswith(")") and " (" in res["cpu"]
@@ -54,7 +55,10 @@ def test_bench_codec_reports_ratios(tmp_path, capsys):
     for r in res["rows"]:
         for k in ("encode", "decode", "recompress"):
             assert r[f"{k}_gbps"] > 0
-            assert r[f"{k}_vs_copy"] == pytest.approx(r[f"{k}_gbps"] / res["copy_gbps"])
+            # each operation against the copy timed right before it
+            assert r[f"{k}_vs_copy"] == pytest.approx(r[f"{k}_gbps"] / r[f"{k}_copy_gbps"])
+            lo, hi = res["copy_gbps_range"]
+            assert lo <= r[f"{k}_copy_gbps"] <= hi
             assert r[f"{k}_mcoords_per_core"] == pytest.approx(
                 r["n"] / r[f"{k}_s"] / res["threads"] / 1e6)
     # the hops' messages: BF16, MXFP8's 8-bit elements (scales travel as metadata) and

@@ -7,12 +7,15 @@ runs it: ``compress``, ``decompress`` and the whole hop ``decompress_accumulate_
 with the codec's plan for the vector (MXFP8's block scales, DynamiQ's widths). Throughput
 counts the bytes an operation must read and write, the same accounting as the memory copy it
 is compared with (a ``torch.Tensor.copy_`` of the float32 tensor, read + write, on the same
-threads).
+threads). The copy is timed right before each operation: on a shared machine the bandwidth
+left to a process drifts by a third and more over a run, so a ratio compares two timings taken
+under the same conditions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 
 import numba
@@ -30,18 +33,27 @@ HOP_PIPELINES = ("bf16", "mxfp8", "dynamiq")
 _OPS = ("encode", "decode", "recompress")
 
 
-def _row(name: str, bits: float, n: int, copy: float, threads: int,
-         times: dict[str, float], nbytes: dict[str, int]) -> dict:
+def _timed(ops: dict[str, Callable[[], object]], copy_bytes: int, repeat: int
+           ) -> dict[str, tuple[float, float]]:
+    """Per operation: the memory copy's bandwidth (bytes per second) measured right before it,
+    and its best time in seconds."""
+    return {k: (copy_bandwidth(copy_bytes, repeat), best_time(fn, repeat))
+            for k, fn in ops.items()}
+
+
+def _row(name: str, bits: float, n: int, threads: int,
+         times: dict[str, tuple[float, float]], nbytes: dict[str, int]) -> dict:
     row: dict = {"name": name, "bits_per_coord": bits, "n": n}
-    for k, t in times.items():
+    for k, (copy, t) in times.items():
         row[f"{k}_s"] = t
         row[f"{k}_gbps"] = nbytes[k] / t / 1e9
+        row[f"{k}_copy_gbps"] = copy / 1e9
         row[f"{k}_vs_copy"] = nbytes[k] / t / copy
         row[f"{k}_mcoords_per_core"] = n / t / threads / 1e6
     return row
 
 
-def _quantizer_row(name: str, x: torch.Tensor, copy: float, threads: int, repeat: int) -> dict:
+def _quantizer_row(name: str, x: torch.Tensor, threads: int, repeat: int) -> dict:
     n = x.numel()
     q = get_quantizer(name)
     p = q.encode(x)
@@ -49,16 +61,16 @@ def _quantizer_row(name: str, x: torch.Tensor, copy: float, threads: int, repeat
     acc = torch.randn(n)
     out = torch.empty_like(p.data)
     pb = p.nbytes
-    times = {
-        "encode": best_time(lambda: q.encode(x, out=p.data), repeat),
-        "decode": best_time(lambda: q.decode(p, out=y), repeat),
-        "recompress": best_time(lambda: q.recompress(p, acc, out=out), repeat),
-    }
+    times = _timed({
+        "encode": lambda: q.encode(x, out=p.data),
+        "decode": lambda: q.decode(p, out=y),
+        "recompress": lambda: q.recompress(p, acc, out=out),
+    }, 4 * n, repeat)
     nbytes = {"encode": 4 * n + pb, "decode": 4 * n + pb, "recompress": 2 * pb + 4 * n}
-    return _row(name, q.bits_per_coord(n), n, copy, threads, times, nbytes)
+    return _row(name, q.bits_per_coord(n), n, threads, times, nbytes)
 
 
-def _pipeline_row(name: str, n: int, copy: float, threads: int, repeat: int) -> dict:
+def _pipeline_row(name: str, n: int, threads: int, repeat: int) -> dict:
     """Pipeline ``name``'s codec on chunk 0 of a two-rank ring over ``n`` coordinates: rank 1's
     leaf message coded, decoded, and taken in by rank 0's hop."""
     from dynamiq.collectives.engine import (
@@ -91,16 +103,16 @@ def _pipeline_row(name: str, n: int, copy: float, threads: int, repeat: int) -> 
     # hop's plan (per-hop widths: the two messages may differ in size)
     out = torch.empty(codec.wire_bytes(m, plan.context(0, 0)), dtype=torch.uint8)
     coded = torch.empty_like(data)
-    times = {
-        "encode": best_time(lambda: codec.compress(leaf, src, out=coded), repeat),
-        "decode": best_time(lambda: codec.decompress(data, decoded, ctx), repeat),
-        "recompress": best_time(lambda: codec.decompress_accumulate_recompress(
-            data, acc, ctx, out=out, writeback="none"), repeat),
-    }
+    times = _timed({
+        "encode": lambda: codec.compress(leaf, src, out=coded),
+        "decode": lambda: codec.decompress(data, decoded, ctx),
+        "recompress": lambda: codec.decompress_accumulate_recompress(
+            data, acc, ctx, out=out, writeback="none"),
+    }, 4 * n, repeat)
     pb = (data.numel() + out.numel()) / 2
     nbytes = {"encode": 4 * m + data.numel(), "decode": 4 * m + data.numel(),
               "recompress": 2 * pb + 4 * m}
-    return _row(f"{name} hop", 8.0 * pb / m, m, copy, threads, times, nbytes)
+    return _row(f"{name} hop", 8.0 * pb / m, m, threads, times, nbytes)
 
 
 def _fmt(row: dict, op: str) -> str:
@@ -127,26 +139,30 @@ def run(
         log: Where progress lines and the table go.
 
     Returns:
-        JSON-serialisable ``{"n", "threads", "cpu", "copy_gbps", "rows"}`` (``cpu``:
-        :func:`~dynamiq.bench.timing.host_cpu`); each row has, per
-        operation, ``<op>_s``, ``<op>_gbps``, ``<op>_vs_copy`` (throughput over the copy's)
-        and ``<op>_mcoords_per_core`` (million coordinates per second per thread).
+        JSON-serialisable ``{"n", "threads", "cpu", "copy_gbps", "copy_gbps_range", "rows"}``
+        (``cpu``: :func:`~dynamiq.bench.timing.host_cpu`; ``copy_gbps``: the median of the
+        copies timed, ``copy_gbps_range`` their least and greatest); each row has, per
+        operation, ``<op>_s``, ``<op>_gbps``, ``<op>_copy_gbps`` (the copy timed right before
+        it), ``<op>_vs_copy`` (throughput over that copy's) and ``<op>_mcoords_per_core``
+        (million coordinates per second per thread).
     """
     if n < 1 or repeat < 1:
         raise ValueError("n and repeat must be >= 1")
     threads = numba.get_num_threads()
     x = torch.randn(n)
-    copy = copy_bandwidth(4 * n, repeat)
     cpu = host_cpu()
-    log(f"n = {n:,} float32, {threads} threads on {cpu}, memory copy {copy / 1e9:.2f} GB/s "
-        "(read + write)")
+    log(f"n = {n:,} float32, {threads} threads on {cpu}; the memory copy (read + write) timed "
+        "before each operation")
     rows = []
     for name in quantizers:
         log(f"  {name}: compiling / warming up ...")
-        rows.append(_quantizer_row(name, x, copy, threads, repeat))
+        rows.append(_quantizer_row(name, x, threads, repeat))
     for name in HOP_PIPELINES if hop else ():
         log(f"  {name} hop: compiling / warming up ...")
-        rows.append(_pipeline_row(name, n, copy, threads, repeat))
+        rows.append(_pipeline_row(name, n, threads, repeat))
+    copies = [r[f"{op}_copy_gbps"] for r in rows for op in _OPS if f"{op}_copy_gbps" in r]
+    copy = statistics.median(copies) if copies else copy_bandwidth(4 * n, repeat) / 1e9
+    span = (min(copies), max(copies)) if copies else (copy, copy)
     log("")
     head = f"{'':<14} {'':>6}" + "".join(f" {op:^23}" for op in _OPS)
     log(head)
@@ -155,6 +171,8 @@ def run(
     for r in rows:
         log(f"{r['name']:<14} {r['bits_per_coord']:>6.3f} "
             + " ".join(_fmt(r, op) for op in _OPS))
-    log(f"(ratio = throughput / memory-copy bandwidth {copy / 1e9:.2f} GB/s measured in this run; "
+    log(f"(ratio = throughput / the bandwidth of the memory copy timed right before the "
+        f"operation, {span[0]:.2f}-{span[1]:.2f} GB/s in this run, median {copy:.2f}; "
         "Mc/s/c = million coordinates per second per thread)")
-    return {"n": n, "threads": threads, "cpu": cpu, "copy_gbps": copy / 1e9, "rows": rows}
+    return {"n": n, "threads": threads, "cpu": cpu, "copy_gbps": copy,
+            "copy_gbps_range": list(span), "rows": rows}
