@@ -20,7 +20,8 @@ from numba.extending import intrinsic
 import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.numba.host import host_has
 
-__all__ = ["HAS_BMI2", "flush_codes", "pdep64", "pext64", "put_code", "take_code"]
+__all__ = ["HAS_BMI2", "flush_codes", "pdep64", "pext64", "put_code", "put_task", "take_code",
+           "take_task"]
 
 #: Whether the kernels use the host CPU's BMI2 bit extract and deposit instructions (x86 only;
 #: see :func:`~dynamiq.kernels.numba.host.host_has`). Kernels compiled without them never
@@ -100,3 +101,76 @@ def take_code(data, racc, rn, pos, bits, mask):
     racc >>= np.uint64(bits)
     rn -= bits
     return code, racc, rn, pos
+
+
+@nb.njit(inline="always", cache=True)
+def put_task(out, pos, cb, n, bits):
+    """Write the ``bits``-wide codes ``cb[:n]`` (uint32) of a stream piece that starts at byte
+    ``pos`` of ``out`` (with a partial last byte, zero-padded, when they end inside one).
+
+    Kernels that cut a stream into tasks of a whole number of bytes write each with this, so
+    the tasks are independent. 8- and 4-bit codes are stored as bytes and nibble pairs in a
+    loop that vectorises, other widths through the bit stream.
+    """
+    p = np.uint64(pos)
+    if bits == 8:
+        for k in range(n):
+            out[p + np.uint64(k)] = np.uint8(cb[np.uint64(k)])
+        return
+    if bits == 4:
+        for k in range(n // 2):
+            i = np.uint64(2 * k)
+            out[p + np.uint64(k)] = np.uint8(cb[i] | (cb[i + np.uint64(1)] << np.uint32(4)))
+        if n % 2:
+            out[p + np.uint64(n // 2)] = np.uint8(cb[np.uint64(n - 1)])
+        return
+    done = 0
+    if bits < 8:
+        # eight codes fill ``bits`` whole bytes: one 64-bit word each, no per-code branch
+        for u in range(n // 8):
+            w = np.uint64(0)
+            c = np.uint64(8 * u)
+            for k in range(8):
+                w |= np.uint64(cb[c + np.uint64(k)]) << np.uint64(k * bits)
+            b0 = p + np.uint64(u * bits)
+            for b in range(bits):
+                out[b0 + np.uint64(b)] = np.uint8(np.uint64(w >> np.uint64(8 * b)) & _BYTE)
+        done = n // 8 * 8
+    wacc, wn, at = np.uint64(0), 0, pos + done * bits // 8
+    for i in range(done, n):
+        wacc, wn, at = put_code(out, wacc, wn, at, cb[i], bits)
+    flush_codes(out, wacc, wn, at)
+
+
+@nb.njit(inline="always", cache=True)
+def take_task(data, pos, cb, n, bits):
+    """Inverse of :func:`put_task`: the ``n`` codes of the piece that starts at byte ``pos``
+    into ``cb`` (uint32)."""
+    p = np.uint64(pos)
+    if bits == 8:
+        for k in range(n):
+            cb[np.uint64(k)] = np.uint32(data[p + np.uint64(k)])
+    elif bits == 4:
+        for k in range(n // 2):
+            b = np.uint32(data[p + np.uint64(k)])
+            cb[np.uint64(2 * k)] = b & np.uint32(0xF)
+            cb[np.uint64(2 * k + 1)] = b >> np.uint32(4)
+        if n % 2:
+            cb[np.uint64(n - 1)] = np.uint32(data[p + np.uint64(n // 2)]) & np.uint32(0xF)
+    else:
+        mask = np.uint64((1 << bits) - 1)
+        done = 0
+        if bits < 8:
+            for u in range(n // 8):
+                b0 = p + np.uint64(u * bits)
+                w = np.uint64(0)
+                for b in range(bits):
+                    w |= np.uint64(data[b0 + np.uint64(b)]) << np.uint64(8 * b)
+                c = np.uint64(8 * u)
+                for k in range(8):
+                    cb[c + np.uint64(k)] = np.uint32(np.uint64(w >> np.uint64(k * bits)) & mask)
+            done = n // 8 * 8
+        racc, rn, at = np.uint64(0), 0, pos + done * bits // 8
+        for i in range(done, n):
+            code, racc, rn, at = take_code(data, racc, rn, at, bits, mask)
+            cb[i] = np.uint32(code)

@@ -34,7 +34,7 @@ from dynamiq.kernels.numba.levels import (
     lut_finish,
     lut_key,
 )
-from dynamiq.kernels.numba.packing import flush_codes, put_code, take_code
+from dynamiq.kernels.numba.packing import put_task, take_task
 from dynamiq.kernels.numba.tasks import run_tasks
 from dynamiq.kernels.tables import FAMILY_FLOAT, element_family
 
@@ -151,53 +151,11 @@ def _code_task(v, sv, n, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb, vl,
 
 
 @nb.njit(inline="always", cache=True)
-def _put_task(out, pos, cb, n, bits):
-    """Write the codes ``cb[:n]`` of a task whose stream starts at byte ``pos`` (with a
-    partial last byte, zero-padded, when they end inside one).
-
-    8- and 4-bit codes are stored as bytes and nibble pairs in a loop that vectorises, other
-    widths through the bit stream.
-    """
-    p = U(pos)
-    if bits == 8:
-        for k in range(n):
-            out[p + U(k)] = np.uint8(cb[U(k)])
-        return
-    if bits == 4:
-        for k in range(n // 2):
-            i = U(2 * k)
-            out[p + U(k)] = np.uint8(cb[i] | (cb[i + U(1)] << U32(4)))
-        if n % 2:
-            out[p + U(n // 2)] = np.uint8(cb[U(n - 1)])
-        return
-    wacc, wn, at = np.uint64(0), 0, pos
-    for i in range(n):
-        wacc, wn, at = put_code(out, wacc, wn, at, cb[i], bits)
-    flush_codes(out, wacc, wn, at)
-
-
-@nb.njit(inline="always", cache=True)
 def _take_levels(data, pos, cb, v, n, bits, dec):
     """The ``n`` codes of a task whose stream starts at byte ``pos`` into ``cb``, and their
     levels ``dec[code]`` into ``v``, in a loop of table loads of its own, so that the loop
     that scales them vectorises."""
-    p = U(pos)
-    if bits == 8:
-        for k in range(n):
-            cb[U(k)] = U32(data[p + U(k)])
-    elif bits == 4:
-        for k in range(n // 2):
-            b = U32(data[p + U(k)])
-            cb[U(2 * k)] = b & U32(0xF)
-            cb[U(2 * k + 1)] = b >> U32(4)
-        if n % 2:
-            cb[U(n - 1)] = U32(data[p + U(n // 2)]) & U32(0xF)
-    else:
-        mask = np.uint64((1 << bits) - 1)
-        racc, rn, at = np.uint64(0), 0, pos
-        for i in range(n):
-            code, racc, rn, at = take_code(data, racc, rn, at, bits, mask)
-            cb[i] = U32(code)
+    take_task(data, pos, cb, n, bits)
     for k in range(n):
         v[U(k)] = dec[cb[U(k)]]
 
@@ -227,7 +185,7 @@ def _encode(c0, c1, x, scales, block, tab, nfin, lut, lshift, lkey0, mbits, nan_
         exact = _task_scales(scales, block, i0, m, sv, elo, ehi) and fast
         _code_task(x[i0:i0 + m], sv, m, tab, nfin, lut, lshift, lkey0, mbits, nan_code, kb,
                    vl, vh, cb, exact, mant, bias)
-        _put_task(out, pos, cb, m, mbits + 1)
+        put_task(out, pos, cb, m, mbits + 1)
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -273,7 +231,7 @@ def _recompress(c0, c1, data, acc, scales, block, tab, nfin, lut, lshift, lkey0,
             for k in range(m):
                 i = U(k)
                 a[i] = dec[cb[i]] * sv[i]
-        _put_task(out, pos, cb, m, bits)
+        put_task(out, pos, cb, m, bits)
 
 
 _arith: dict[int, tuple] = {}
