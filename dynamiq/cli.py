@@ -273,13 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     bc = bsub.add_parser(
         "codec", aliases=["kernels"],
         help="Numba encode, decode and fused decompress-accumulate-recompress throughput, "
-             "and the BF16, MXFP8 and DynamiQ codecs' hops, vs the memory copy of the same run",
+             "and the BF16, MXFP8, THC, OmniReduce and DynamiQ codecs' hops, vs the memory copy",
     )
     bc.add_argument("--n", type=int, default=1 << 24, help="coordinates per tensor")
     bc.add_argument("--quantizers", help="comma-separated names (default: 4- and 8-bit set)")
     bc.add_argument("--repeat", type=int, default=5)
     bc.add_argument("--no-hop", action="store_true",
-                    help="skip the pipelines' codecs (bf16, mxfp8, dynamiq)")
+                    help="skip the pipelines' codecs (bf16, mxfp8, thc, omnireduce, dynamiq)")
     bc.add_argument("--json", help="write the results to this JSON file")
     bc.set_defaults(func=_cmd_bench_codec)
 

@@ -1,8 +1,9 @@
 """``dynamiq bench kernels``: Numba hop throughput against the memory copy of the same run.
 
 Rows: every requested block quantizer's encode, decode and fused
-decompress-accumulate-recompress, then the codec of each of :data:`HOP_PIPELINES` (the BF16
-and MXFP8 baselines and the default DynamiQ pipeline) on one ring chunk, as a rank of a ring
+decompress-accumulate-recompress, then the codec of each of :data:`HOP_PIPELINES` (the BF16,
+MXFP8, THC and OmniReduce baselines and the default DynamiQ pipeline) on one ring chunk, as a
+rank of a ring
 runs it: ``compress``, ``decompress`` and the whole hop ``decompress_accumulate_recompress``,
 with the codec's plan for the vector (MXFP8's block scales, DynamiQ's widths). Throughput
 counts the bytes an operation must read and write, the same accounting as the memory copy it
@@ -29,7 +30,7 @@ __all__ = ["DEFAULT_QUANTIZERS", "HOP_PIPELINES", "run"]
 DEFAULT_QUANTIZERS = ("mxfp8", "int8_sr", "dq8_hier", "mxfp4", "int4_sr", "dq4_hier")
 #: The pipelines whose codecs are measured on a ring chunk (registered names; ``dynamiq`` is the
 #: default DynamiQ, 5 bits).
-HOP_PIPELINES = ("bf16", "mxfp8", "dynamiq")
+HOP_PIPELINES = ("bf16", "mxfp8", "thc", "omnireduce", "dynamiq")
 _OPS = ("encode", "decode", "recompress")
 
 
