@@ -152,7 +152,7 @@ def _loopback(rows: list[dict]) -> list[str]:
            "the largest difference to torch's FP32 result.", "",
            ".. list-table::", "   :header-rows: 1", "",
            "   * - ranks\n     - MB\n     - method\n     - lone call ms\n     - /torch-fp32"
-           "\n     - in a row ms\n     - /torch-fp32\n     - bits\n     - max |diff|"]
+           "\n     - in a row ms\n     - /torch-fp32\n     - bits\n     - max abs diff"]
     for r in rows:
         row = (f"{r['burst_seconds'] * 1e3:.2f}",
                f"{r['burst_ratio']:.2f} ({r['burst_median_ratio']:.2f})") \

@@ -11,7 +11,8 @@ The hop kernels code in tasks of :data:`TASK` coordinates, a whole number of byt
 stream at every width, run on the kernels' threads
 (:func:`~dynamiq.kernels.numba.tasks.run_tasks`); within a task each pass (unpack, decode and
 add, code, pack) is a loop without branches. :func:`round_levels` is THC's rounding of one
-rank's own values onto a level table (see :mod:`dynamiq.codecs.thc_levels`), one serial pass.
+rank's own values onto a level table (see :mod:`dynamiq.codecs.thc_levels`), in the same
+tasks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import LevelGrid, Writeback
 from dynamiq.kernels.numba.packing import put_task, take_task
-from dynamiq.kernels.numba.rng import uniform
+from dynamiq.kernels.numba.rng import WEYL_STEP, weyl_state, weyl_uniform, window_end
 from dynamiq.kernels.numba.tasks import run_tasks
 
 __all__ = ["decode", "encode", "recompress", "round_levels"]
@@ -71,11 +72,21 @@ def _task(c, n, bits):
 
 @nb.njit(inline="always", cache=True)
 def _code_task(x, m, step, shift, half, k0, k1, index, cb):
-    """``cb[:m]`` = the codes of ``x[:m]``, whose first coordinate has global ``index``."""
-    for k in range(m):
-        i = U(k)
-        cb[i] = np.uint32(_int_code(x[i], step, shift, half,
-                                    uniform(k0, k1, U(index) + i)))
+    """``cb[:m]`` = the codes of ``x[:m]``, whose first coordinate has global ``index``.
+
+    The uniforms are :func:`~dynamiq.kernels.numba.rng.uniform`'s, their hash state carried
+    from one coordinate to the next (:func:`~dynamiq.kernels.numba.rng.weyl_state`) instead
+    of formed from each 64-bit index.
+    """
+    j = 0
+    while j < m:
+        end = window_end(index, j, m, 1)
+        w, c = weyl_state(k0, k1, U(index) + U(j))
+        for k in range(j, end):
+            i = U(k)
+            cb[i] = np.uint32(_int_code(x[i], step, shift, half, weyl_uniform(w, c)))
+            w = np.uint32(w + WEYL_STEP)
+        j = end
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -133,24 +144,38 @@ def _recompress(c0, c1, data, acc, step, shift_in, shift_out, bits, k0, k1, offs
         put_task(out, pos, cb, m, bits)
 
 
-@nb.njit(cache=True)
-def _round_levels(x, step, g, lower, upper, k0, k1, offset, out):
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _round_levels(c0, c1, x, step, g, lower, upper, k0, k1, offset, out):
     top = np.float32(g)
     mid = np.float32(0.5) * top
     half_step = np.float32(0.5) * step
-    for i in range(x.size):
-        v = x[i]
-        if not np.isfinite(v):
-            out[i] = np.float32(np.nan)
-            continue
-        u = v / step + mid
-        u = min(max(u, np.float32(0.0)), top)  # THC's clamp to [-T sigma, T sigma]
-        j = min(np.int64(np.floor(u)), np.int64(g - 1))
-        a = np.int64(lower[j])
-        b = np.int64(upper[j])
-        p = (u - np.float32(a)) / np.float32(b - a)
-        c = b if uniform(k0, k1, offset + i) < p else a
-        out[i] = np.float32(2 * c - g) * half_step
+    n = x.size
+    for c in range(c0, c1):
+        i0, m, _ = _task(c, n, 8)
+        xs = x[i0:i0 + m]
+        o = out[i0:i0 + m]
+        first = offset + i0
+        j = 0
+        while j < m:
+            end = window_end(first, j, m, 1)
+            w, h = weyl_state(k0, k1, U(first) + U(j))
+            for k in range(j, end):
+                i = U(k)
+                v = xs[i]
+                fin = np.isfinite(v)
+                # a non-finite value takes the middle level's path (its result is NaN), so
+                # every index below stays in the table
+                u = v / step + mid if fin else mid
+                u = min(max(u, np.float32(0.0)), top)  # THC's clamp to [-T sigma, T sigma]
+                jj = min(np.int64(np.floor(u)), np.int64(g - 1))
+                a = np.int64(lower[jj])
+                b = np.int64(upper[jj])
+                p = (u - np.float32(a)) / np.float32(b - a)
+                cv = b if weyl_uniform(w, h) < p else a
+                r = np.float32(2 * cv - g) * half_step
+                o[i] = r if fin else np.float32(np.nan)
+                w = np.uint32(w + WEYL_STEP)
+            j = end
 
 
 def _ntasks(n: int) -> int:
@@ -183,5 +208,5 @@ def recompress(data: torch.Tensor, acc: torch.Tensor, step: float, bits: int,
 def round_levels(x: torch.Tensor, step: float, grid: LevelGrid, key: tuple[int, int],
                  offset: int, out: torch.Tensor) -> None:
     """See :meth:`dynamiq.kernels.backend.Backend.intsum_round`."""
-    _round_levels(x.numpy(), np.float32(step), grid.granularity, grid.lower, grid.upper,
-                  key[0], key[1], offset, out.numpy())
+    run_tasks(_round_levels, _ntasks(x.numel()), x.numpy(), np.float32(step), grid.granularity,
+              grid.lower, grid.upper, key[0], key[1], offset, out.numpy())
