@@ -24,7 +24,7 @@ import torch
 import dynamiq.kernels.numba.stamps  # noqa: F401  (the cache of its functions: see there)
 from dynamiq.kernels.abi import LevelGrid, Writeback
 from dynamiq.kernels.numba.packing import put_task, take_task
-from dynamiq.kernels.numba.rng import WEYL_STEP, weyl_state, weyl_uniform, window_end
+from dynamiq.kernels.numba.rng import fill_uniforms
 from dynamiq.kernels.numba.tasks import run_tasks
 
 __all__ = ["decode", "encode", "recompress", "round_levels"]
@@ -71,22 +71,13 @@ def _task(c, n, bits):
 
 
 @nb.njit(inline="always", cache=True)
-def _code_task(x, m, step, shift, half, k0, k1, index, cb):
-    """``cb[:m]`` = the codes of ``x[:m]``, whose first coordinate has global ``index``.
-
-    The uniforms are :func:`~dynamiq.kernels.numba.rng.uniform`'s, their hash state carried
-    from one coordinate to the next (:func:`~dynamiq.kernels.numba.rng.weyl_state`) instead
-    of formed from each 64-bit index.
-    """
-    j = 0
-    while j < m:
-        end = window_end(index, j, m, 1)
-        w, c = weyl_state(k0, k1, U(index) + U(j))
-        for k in range(j, end):
-            i = U(k)
-            cb[i] = np.uint32(_int_code(x[i], step, shift, half, weyl_uniform(w, c)))
-            w = np.uint32(w + WEYL_STEP)
-        j = end
+def _code_task(x, m, step, shift, half, k0, k1, index, cb, ub):
+    """``cb[:m]`` = the codes of ``x[:m]``, whose first coordinate has global ``index``
+    (``ub``: scratch for their uniforms, drawn in a loop of their own)."""
+    fill_uniforms(ub, m, k0, k1, index)
+    for k in range(m):
+        i = U(k)
+        cb[i] = np.uint32(_int_code(x[i], step, shift, half, ub[i]))
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy")
@@ -94,9 +85,10 @@ def _encode(c0, c1, x, step, shift, bits, k0, k1, offset, out):
     half = np.int64(1) << np.int64(bits - 1)
     n = x.size
     cb = np.empty(TASK, np.uint32)
+    ub = np.empty(TASK, np.float32)
     for c in range(c0, c1):
         i0, m, pos = _task(c, n, bits)
-        _code_task(x[i0:i0 + m], m, step, shift, half, k0, k1, offset + i0, cb)
+        _code_task(x[i0:i0 + m], m, step, shift, half, k0, k1, offset + i0, cb, ub)
         put_task(out, pos, cb, m, bits)
 
 
@@ -125,6 +117,7 @@ def _recompress(c0, c1, data, acc, step, shift_in, shift_out, bits, k0, k1, offs
     n = acc.size
     cb = np.empty(TASK, np.uint32)
     v = np.empty(TASK, np.float32)
+    ub = np.empty(TASK, np.float32)
     for c in range(c0, c1):
         i0, m, pos = _task(c, n, bits)
         take_task(data, pos, cb, m, bits)
@@ -132,7 +125,7 @@ def _recompress(c0, c1, data, acc, step, shift_in, shift_out, bits, k0, k1, offs
         for k in range(m):
             i = U(k)
             v[i] = a[i] + _int_value(cb[i], step, shift_in, half)
-        _code_task(v, m, step, shift_out, half, k0, k1, offset + i0, cb)
+        _code_task(v, m, step, shift_out, half, k0, k1, offset + i0, cb, ub)
         if mode == 1:
             for k in range(m):
                 i = U(k)
@@ -150,32 +143,27 @@ def _round_levels(c0, c1, x, step, g, lower, upper, k0, k1, offset, out):
     mid = np.float32(0.5) * top
     half_step = np.float32(0.5) * step
     n = x.size
+    ub = np.empty(TASK, np.float32)
     for c in range(c0, c1):
         i0, m, _ = _task(c, n, 8)
         xs = x[i0:i0 + m]
         o = out[i0:i0 + m]
-        first = offset + i0
-        j = 0
-        while j < m:
-            end = window_end(first, j, m, 1)
-            w, h = weyl_state(k0, k1, U(first) + U(j))
-            for k in range(j, end):
-                i = U(k)
-                v = xs[i]
-                fin = np.isfinite(v)
-                # a non-finite value takes the middle level's path (its result is NaN), so
-                # every index below stays in the table
-                u = v / step + mid if fin else mid
-                u = min(max(u, np.float32(0.0)), top)  # THC's clamp to [-T sigma, T sigma]
-                jj = min(np.int64(np.floor(u)), np.int64(g - 1))
-                a = np.int64(lower[jj])
-                b = np.int64(upper[jj])
-                p = (u - np.float32(a)) / np.float32(b - a)
-                cv = b if weyl_uniform(w, h) < p else a
-                r = np.float32(2 * cv - g) * half_step
-                o[i] = r if fin else np.float32(np.nan)
-                w = np.uint32(w + WEYL_STEP)
-            j = end
+        fill_uniforms(ub, m, k0, k1, offset + i0)
+        for k in range(m):
+            i = U(k)
+            v = xs[i]
+            fin = np.isfinite(v)
+            # a non-finite value takes the middle level's path (its result is NaN), so every
+            # index below stays in the table
+            u = v / step + mid if fin else mid
+            u = min(max(u, np.float32(0.0)), top)  # THC's clamp to [-T sigma, T sigma]
+            jj = min(np.int64(np.floor(u)), np.int64(g - 1))
+            a = np.int64(lower[jj])
+            b = np.int64(upper[jj])
+            p = (u - np.float32(a)) / np.float32(b - a)
+            cv = b if ub[i] < p else a
+            r = np.float32(2 * cv - g) * half_step
+            o[i] = r if fin else np.float32(np.nan)
 
 
 def _ntasks(n: int) -> int:

@@ -82,6 +82,21 @@ def window_end(gidx0, j, n, stride):
     return np.int64(min(np.uint64(n), np.uint64(j) + room))
 
 
+@nb.njit(inline="always", cache=True)
+def fill_uniforms(ub, n, k0, k1, index):
+    """``ub[j] = uniform(k0, k1, index + j)`` for ``j < n``: one loop that carries the hash
+    state from each element to the next (:func:`weyl_state`), restarting it only where the
+    indices' high words change (:func:`window_end`)."""
+    j = 0
+    while j < n:
+        end = window_end(index, j, n, 1)
+        w, c = weyl_state(k0, k1, np.uint64(index) + np.uint64(j))
+        for k in range(j, end):
+            ub[np.uint64(k)] = weyl_uniform(w, c)
+            w = U32(w + WEYL_STEP)
+        j = end
+
+
 @nb.njit(cache=True)
 def hash_u32(k0, k1, index):
     """uint32 hash of ``index`` under key ``(k0, k1)``."""

@@ -22,6 +22,8 @@ the fused recompress takes a :class:`~dynamiq.kernels.abi.Writeback` value.
 
 from __future__ import annotations
 
+import weakref
+
 import numba as nb
 import numpy as np
 import torch
@@ -234,7 +236,7 @@ def _recompress(c0, c1, data, acc, scales, block, tab, nfin, lut, lshift, lkey0,
         put_task(out, pos, cb, m, bits)
 
 
-_arith: dict[int, tuple] = {}
+_arith: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _tables(code: SharedScaleCode) -> tuple:
@@ -246,9 +248,9 @@ def _arithmetic(code: SharedScaleCode) -> tuple[bool, int, int, np.uint32, np.ui
     """``(fast, mant, bias, elo, ehi)``: whether the format is a minifloat grid, its
     parameters, and the float32 exponent fields of the power-of-two scales under which every
     product ``level * scale`` is an exact float32 number (normal, finite), cached per code."""
-    hit = _arith.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
+    hit = _arith.get(code)
+    if hit is not None:
+        return hit
     t = code.tables
     mags = t.search[: t.nfin].astype(np.float64)
     fam, mant, bias = element_family(t.search[: t.nfin], code.mbits)
@@ -262,7 +264,7 @@ def _arithmetic(code: SharedScaleCode) -> tuple[bool, int, int, np.uint32, np.ui
         args = (hi >= lo, mant, bias, np.uint32(lo + 127), np.uint32(hi + 127))
     else:
         args = (False, 0, 0, np.uint32(0), np.uint32(0))
-    _arith[id(code)] = (code, args)
+    _arith[code] = args
     return args
 
 
